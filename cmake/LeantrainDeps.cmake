@@ -1,0 +1,68 @@
+# Third-party packages. Each is linked PRIVATE by the one folder that wraps it (STYLE.md):
+# toml++/CLI11/spdlog by runtime and launch, MPI/NCCL by comm, HDF5 by checkpoint_io.
+
+# LibTorch: any LibTorch >= 2.4 given by CMAKE_PREFIX_PATH; by default the one in the
+# project's virtualenv (.venv, made by scripts/setup.sh).
+find_package(Torch QUIET CONFIG)
+if(NOT Torch_FOUND)
+  set(_venv_python ${PROJECT_SOURCE_DIR}/.venv/bin/python)
+  if(EXISTS ${_venv_python})
+    execute_process(COMMAND ${_venv_python} -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+                    OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc)
+    if(_rc EQUAL 0)
+      list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})
+    endif()
+  endif()
+  # The PyPI wheel is a CUDA build: its config looks for a toolkit, which is under /usr/local/cuda.
+  if(NOT DEFINED CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+    set(CUDA_TOOLKIT_ROOT_DIR /usr/local/cuda)
+  endif()
+  find_package(Torch REQUIRED CONFIG)
+endif()
+if(Torch_VERSION AND Torch_VERSION VERSION_LESS 2.4)
+  message(FATAL_ERROR "leantrain needs LibTorch >= 2.4, found ${Torch_VERSION} (set CMAKE_PREFIX_PATH)")
+endif()
+# TORCH_LIBRARIES carries -D flags from the wheel; keep only the flags on the imported target.
+message(STATUS "leantrain: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
+
+find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)
+find_package(MPI REQUIRED COMPONENTS C)
+find_package(HDF5 REQUIRED COMPONENTS C)
+find_package(CLI11 REQUIRED CONFIG)
+find_package(nlohmann_json REQUIRED CONFIG)
+find_package(spdlog REQUIRED CONFIG)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
+
+# CUDA + NCCL: compiled and linked whenever present, even on machines without a GPU.
+set(LEANTRAIN_HAVE_NCCL OFF)
+if(LEANTRAIN_WITH_CUDA)
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    find_path(LT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+    find_library(LT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+    if(LT_NCCL_INCLUDE_DIR AND LT_NCCL_LIBRARY)
+      set(LEANTRAIN_HAVE_NCCL ON)
+      add_library(leantrain_nccl INTERFACE IMPORTED)
+      target_include_directories(leantrain_nccl INTERFACE ${LT_NCCL_INCLUDE_DIR})
+      target_link_libraries(leantrain_nccl INTERFACE ${LT_NCCL_LIBRARY} CUDA::cudart)
+    endif()
+  endif()
+endif()
+message(STATUS "leantrain: CUDA toolkit ${CUDAToolkit_VERSION}, NCCL: ${LEANTRAIN_HAVE_NCCL}")
+
+# Every target that includes LibTorch reuses one precompiled header (same flags everywhere).
+function(leantrain_torch_target target)
+  target_link_libraries(${target} PUBLIC torch)
+  target_compile_features(${target} PUBLIC cxx_std_17)
+  if(TARGET leantrain_pch)
+    target_precompile_headers(${target} REUSE_FROM leantrain_pch)
+  endif()
+endfunction()
+
+add_library(leantrain_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch.cpp)
+target_link_libraries(leantrain_pch PUBLIC torch)
+target_precompile_headers(leantrain_pch PRIVATE <torch/torch.h>)
+set_target_properties(leantrain_pch PROPERTIES POSITION_INDEPENDENT_CODE OFF)

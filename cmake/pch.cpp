@@ -1,0 +1,1 @@
+// Compiles the precompiled LibTorch header that every LibTorch target reuses.

@@ -1,0 +1,378 @@
+// The datasets and make_datasets: the only part of the data layer that includes LibTorch.
+// File parsing and per-sample generation live in torch-free TUs (idx.cpp, text.cpp, samples.cpp).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "leantrain/data/dataset.h"
+#include "leantrain/data/readers.h"
+#include "leantrain/runtime/errors.h"
+#include "rng.h"
+#include "samples.h"
+
+namespace lt::data {
+namespace {
+
+using detail::kStreamSynthEval;
+using detail::kStreamSynthTrain;
+
+void check_indices(const std::vector<int64_t>& indices, int64_t size, const std::string& name) {
+  for (int64_t i : indices) {
+    if (i < 0 || i >= size) {
+      throw std::out_of_range(name + ": sample index " + std::to_string(i) + " outside [0, " +
+                              std::to_string(size) + ")");
+    }
+  }
+}
+
+int64_t limited(int64_t n, int64_t limit) { return limit > 0 && limit < n ? limit : n; }
+
+std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+// ---------------------------------------------------------------------------------------------
+// Fashion-MNIST
+
+class IdxImageDataset final : public Dataset {
+ public:
+  IdxImageDataset(std::string name, IdxImages images, IdxLabels labels, int64_t limit)
+      : name_(std::move(name)), images_(std::move(images)), labels_(std::move(labels)),
+        size_(limited(images_.count, limit)) {
+    for (int v = 0; v < 256; ++v) lut_[v] = static_cast<float>((v / 255.0 - 0.2860) / 0.3530);
+  }
+  int64_t size() const override { return size_; }
+  Batch get(const std::vector<int64_t>& indices, int64_t /*epoch*/) const override {
+    check_indices(indices, size_, name_);
+    const auto B = static_cast<int64_t>(indices.size());
+    const int64_t R = images_.rows, C = images_.cols, P = R * C;
+    Batch b;
+    b.input = torch::empty({B, 1, R, C}, torch::kFloat);
+    b.target = torch::empty({B}, torch::kLong);
+    float* x = b.input.data_ptr<float>();
+    int64_t* y = b.target.data_ptr<int64_t>();
+    for (int64_t n = 0; n < B; ++n) {
+      const uint8_t* src = images_.pixels.data() + indices[n] * P;
+      for (int64_t p = 0; p < P; ++p) x[n * P + p] = lut_[src[p]];
+      y[n] = labels_.labels[static_cast<size_t>(indices[n])];
+    }
+    return b;
+  }
+  std::string describe() const override {
+    return name_ + ": " + std::to_string(size_) + " images 1x" + std::to_string(images_.rows) + "x" +
+           std::to_string(images_.cols) + ", 10 classes";
+  }
+
+ private:
+  std::string name_;
+  IdxImages images_;
+  IdxLabels labels_;
+  int64_t size_;
+  float lut_[256];
+};
+
+std::shared_ptr<Dataset> load_fashion_split(const std::string& dir, const std::string& split, int64_t limit) {
+  const std::string img_path = dir + "/" + split + "-images-idx3-ubyte.gz";
+  const std::string lbl_path = dir + "/" + split + "-labels-idx1-ubyte.gz";
+  IdxImages images = read_idx_images(img_path);
+  IdxLabels labels = read_idx_labels(lbl_path);
+  if (images.rows != 28 || images.cols != 28) {
+    throw lt::DataError("data file " + quoted(img_path) + " holds " + std::to_string(images.rows) + "x" +
+                        std::to_string(images.cols) + " images, Fashion-MNIST is 28x28");
+  }
+  if (images.count != labels.count) {
+    throw lt::DataError("data files " + quoted(img_path) + " and " + quoted(lbl_path) + " disagree: " +
+                        std::to_string(images.count) + " images, " + std::to_string(labels.count) + " labels");
+  }
+  for (size_t i = 0; i < labels.labels.size(); ++i) {
+    if (labels.labels[i] >= 10) {
+      throw lt::DataError("data file " + quoted(lbl_path) + ": label " + std::to_string(labels.labels[i]) +
+                          " of sample " + std::to_string(i) + " is not in 0..9");
+    }
+  }
+  const std::string name = std::string("fashion_mnist ") + (split == "train" ? "train" : "eval");
+  return std::make_shared<IdxImageDataset>(name, std::move(images), std::move(labels), limit);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Language modelling: byte-level text and synthetic token rules share the batch layout.
+
+struct LmSpec {
+  int64_t seq_len = 0;
+  bool bert = false;
+  double mask_prob = 0.0;
+  int64_t mask_token = 0;
+  int64_t random_vocab = 0;  // bert: a "random token" replacement is drawn from [0, random_vocab)
+  uint64_t seed = 0;
+};
+
+class LmDataset : public Dataset {
+ public:
+  LmDataset(LmSpec spec, int64_t size) : spec_(spec), size_(size) {}
+  int64_t size() const override { return size_; }
+  Batch get(const std::vector<int64_t>& indices, int64_t epoch) const override {
+    check_indices(indices, size_, name());
+    const auto B = static_cast<int64_t>(indices.size());
+    const int64_t T = spec_.seq_len;
+    Batch b;
+    b.input = torch::empty({B, T}, torch::kLong);
+    b.target = torch::empty({B, T}, torch::kLong);
+    b.tokens = B * T;
+    int64_t* x = b.input.data_ptr<int64_t>();
+    int64_t* y = b.target.data_ptr<int64_t>();
+    std::vector<int64_t> window(static_cast<size_t>(T + 1));
+    for (int64_t n = 0; n < B; ++n) {
+      window_of(indices[n], window.data());
+      int64_t* xi = x + n * T;
+      int64_t* yi = y + n * T;
+      std::copy(window.begin(), window.begin() + T, xi);
+      if (spec_.bert) {
+        detail::bert_mask(xi, yi, T, spec_.seed, epoch, indices[n], spec_.mask_prob, spec_.mask_token,
+                          spec_.random_vocab);
+      } else {
+        std::copy(window.begin() + 1, window.end(), yi);
+      }
+    }
+    return b;
+  }
+
+ protected:
+  virtual std::string name() const = 0;
+  /// Writes the seq_len+1 tokens of sample i.
+  virtual void window_of(int64_t i, int64_t* out) const = 0;
+  LmSpec spec_;
+  int64_t size_;
+};
+
+class TextDataset final : public LmDataset {
+ public:
+  TextDataset(std::string name, std::string path, std::shared_ptr<const std::string> corpus, size_t begin,
+              size_t bytes, LmSpec spec, int64_t limit)
+      : LmDataset(spec, limited(static_cast<int64_t>((bytes - 1) / static_cast<size_t>(spec.seq_len)), limit)),
+        name_(std::move(name)), path_(std::move(path)), corpus_(std::move(corpus)), begin_(begin), bytes_(bytes) {}
+  std::string describe() const override {
+    char mb[32];
+    std::snprintf(mb, sizeof mb, "%.2f MB", static_cast<double>(bytes_) / 1e6);
+    return name_ + ": " + std::to_string(size_) + " windows of " + std::to_string(spec_.seq_len) +
+           "+1 bytes from " + quoted(path_) + " (" + mb + ")" +
+           (spec_.bert ? ", masked-LM p=" + std::to_string(spec_.mask_prob).substr(0, 4) : ", next-byte");
+  }
+
+ protected:
+  std::string name() const override { return name_; }
+  void window_of(int64_t i, int64_t* out) const override {
+    const auto* p = reinterpret_cast<const unsigned char*>(corpus_->data()) + begin_ +
+                    static_cast<size_t>(i * spec_.seq_len);
+    for (int64_t t = 0; t <= spec_.seq_len; ++t) out[t] = p[t];
+  }
+
+ private:
+  std::string name_, path_;
+  std::shared_ptr<const std::string> corpus_;
+  size_t begin_, bytes_;
+};
+
+class SyntheticLmDataset final : public LmDataset {
+ public:
+  SyntheticLmDataset(std::string name, uint64_t stream, int64_t size, LmSpec spec, int64_t vocab)
+      : LmDataset(spec, size), name_(std::move(name)), stream_(stream), rules_(spec.seed, vocab) {}
+  std::string describe() const override {
+    return name_ + ": " + std::to_string(size_) + " sequences of " + std::to_string(spec_.seq_len) +
+           " tokens, vocab " + std::to_string(rules_.vocab) + (spec_.bert ? " (+[MASK])" : "");
+  }
+
+ protected:
+  std::string name() const override { return name_; }
+  void window_of(int64_t i, int64_t* out) const override {
+    rules_.sample(out, spec_.seq_len + 1, spec_.seed, stream_, i);
+  }
+
+ private:
+  std::string name_;
+  uint64_t stream_;
+  detail::TokenRules rules_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Synthetic images
+
+class SyntheticImageDataset final : public Dataset {
+ public:
+  SyntheticImageDataset(std::string name, uint64_t stream, int64_t size, uint64_t seed,
+                        std::shared_ptr<const detail::ImageTemplates> templates)
+      : name_(std::move(name)), stream_(stream), size_(size), seed_(seed), templates_(std::move(templates)) {}
+  int64_t size() const override { return size_; }
+  Batch get(const std::vector<int64_t>& indices, int64_t /*epoch*/) const override {
+    check_indices(indices, size_, name_);
+    const auto B = static_cast<int64_t>(indices.size());
+    const int64_t C = templates_->channels, S = templates_->size, P = C * S * S;
+    Batch b;
+    b.input = torch::empty({B, C, S, S}, torch::kFloat);
+    b.target = torch::empty({B}, torch::kLong);
+    float* x = b.input.data_ptr<float>();
+    int64_t* y = b.target.data_ptr<int64_t>();
+    for (int64_t n = 0; n < B; ++n) y[n] = templates_->sample(x + n * P, seed_, stream_, indices[n]);
+    return b;
+  }
+  std::string describe() const override {
+    return name_ + ": " + std::to_string(size_) + " images " + std::to_string(templates_->channels) + "x" +
+           std::to_string(templates_->size) + "x" + std::to_string(templates_->size) + ", " +
+           std::to_string(templates_->classes) + " classes";
+  }
+
+ private:
+  std::string name_;
+  uint64_t stream_;
+  int64_t size_;
+  uint64_t seed_;
+  std::shared_ptr<const detail::ImageTemplates> templates_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// make_datasets
+
+[[noreturn]] void config_error(const std::string& key, const std::string& msg) {
+  throw lt::ConfigError(key + ": " + msg);
+}
+
+bool is_image_model(const std::string& k) { return k == "resnet" || k == "mlp"; }
+bool is_lm_model(const std::string& k) { return k == "gpt" || k == "bert"; }
+
+void require_model_kind(const lt::ModelConfig& m, bool ok, const std::string& data_kind, const char* allowed) {
+  if (!ok) {
+    config_error("model.kind", quoted(m.kind) + " cannot train on data.kind " + quoted(data_kind) + " (use " +
+                                   allowed + ")");
+  }
+}
+
+struct PathKind {
+  bool exists = false, dir = false;
+};
+PathKind stat_path(const std::string& p) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) return {};
+  return {true, S_ISDIR(st.st_mode)};
+}
+
+void check_lm_shape(const lt::ModelConfig& m) {
+  if (m.seq_len < 1) config_error("model.seq_len", std::to_string(m.seq_len) + " must be >= 1");
+}
+
+void check_mask_prob(const lt::DataConfig& d, const lt::ModelConfig& m) {
+  if (m.kind == "bert" && !(d.mask_prob > 0.0 && d.mask_prob <= 1.0)) {
+    config_error("data.mask_prob", std::to_string(d.mask_prob) + " must be in (0, 1] for bert");
+  }
+}
+
+Datasets make_fashion_mnist(const lt::DataConfig& d, const lt::ModelConfig& m) {
+  require_model_kind(m, is_image_model(m.kind), d.kind, "resnet or mlp");
+  if (m.in_channels != 1) config_error("model.in_channels", std::to_string(m.in_channels) + " but Fashion-MNIST has 1 channel (set model.in_channels = 1)");
+  if (m.image_size != 28) config_error("model.image_size", std::to_string(m.image_size) + " but Fashion-MNIST images are 28x28 (set model.image_size = 28)");
+  if (m.num_classes != 10) config_error("model.num_classes", std::to_string(m.num_classes) + " but Fashion-MNIST has 10 classes (set model.num_classes = 10)");
+  const PathKind pk = stat_path(d.path);
+  if (!pk.exists) config_error("data.path", quoted(d.path) + " does not exist (fashion_mnist needs the directory holding train-/t10k-{images-idx3,labels-idx1}-ubyte[.gz])");
+  if (!pk.dir) config_error("data.path", quoted(d.path) + " is not a directory (fashion_mnist needs the directory holding the 4 IDX files)");
+  Datasets out;
+  out.train = load_fashion_split(d.path, "train", d.limit);
+  out.eval = load_fashion_split(d.path, "t10k", 0);
+  return out;
+}
+
+Datasets make_text(const lt::DataConfig& d, const lt::ModelConfig& m) {
+  require_model_kind(m, is_lm_model(m.kind), d.kind, "gpt or bert");
+  const bool bert = m.kind == "bert";
+  const int64_t need_vocab = bert ? kTextMaskToken + 1 : 256;
+  if (m.vocab_size < need_vocab) {
+    config_error("model.vocab_size", std::to_string(m.vocab_size) + " is too small for byte-level text: " +
+                                         m.kind + " needs >= " + std::to_string(need_vocab) +
+                                         (bert ? " (256 bytes + [MASK])" : " (256 bytes)"));
+  }
+  check_lm_shape(m);
+  check_mask_prob(d, m);
+  if (!(d.eval_fraction >= 0.0 && d.eval_fraction < 1.0)) {
+    config_error("data.eval_fraction", std::to_string(d.eval_fraction) + " must be in [0, 1)");
+  }
+  if (!stat_path(d.path).exists) {
+    config_error("data.path", quoted(d.path) + " does not exist (text needs a text file or a directory of them)");
+  }
+  auto corpus = std::make_shared<const std::string>(read_text_corpus(d.path));
+  const size_t total = corpus->size();
+  const auto eval_bytes = static_cast<size_t>(std::floor(static_cast<double>(total) * d.eval_fraction));
+  const size_t train_bytes = total - eval_bytes;
+  const auto window = static_cast<size_t>(m.seq_len) + 1;
+  if (train_bytes < window) {
+    throw lt::DataError("text corpus " + quoted(d.path) + " leaves " + std::to_string(train_bytes) +
+                        " training bytes, fewer than one window of model.seq_len+1 = " + std::to_string(window));
+  }
+  LmSpec spec;
+  spec.seq_len = m.seq_len;
+  spec.bert = bert;
+  spec.mask_prob = d.mask_prob;
+  spec.mask_token = kTextMaskToken;
+  spec.random_vocab = 256;
+  spec.seed = d.seed;
+  Datasets out;
+  out.train = std::make_shared<TextDataset>("text train", d.path, corpus, 0, train_bytes, spec, d.limit);
+  if (eval_bytes > 0) {
+    if (eval_bytes < window) {
+      config_error("data.eval_fraction", std::to_string(d.eval_fraction) + " holds out " + std::to_string(eval_bytes) +
+                                             " bytes, fewer than one window of model.seq_len+1 = " +
+                                             std::to_string(window) + " (raise it, or 0 for no eval)");
+    }
+    out.eval = std::make_shared<TextDataset>("text eval", d.path, corpus, train_bytes, eval_bytes, spec, 0);
+  }
+  return out;
+}
+
+Datasets make_synthetic(const lt::DataConfig& d, const lt::ModelConfig& m) {
+  if (d.synthetic_samples < 1) {
+    config_error("data.synthetic_samples", std::to_string(d.synthetic_samples) + " must be >= 1");
+  }
+  const int64_t train_n = limited(d.synthetic_samples, d.limit);
+  const int64_t eval_n = std::max<int64_t>(d.synthetic_samples / 8, 64);
+  Datasets out;
+  if (is_lm_model(m.kind)) {
+    const bool bert = m.kind == "bert";
+    if (m.vocab_size < (bert ? 3 : 2)) {
+      config_error("model.vocab_size", std::to_string(m.vocab_size) + " must be >= " + (bert ? "3 for bert (tokens + [MASK])" : "2"));
+    }
+    check_lm_shape(m);
+    check_mask_prob(d, m);
+    const int64_t vocab = bert ? m.vocab_size - 1 : m.vocab_size;  // bert: [MASK] = vocab_size-1
+    LmSpec spec;
+    spec.seq_len = m.seq_len;
+    spec.bert = bert;
+    spec.mask_prob = d.mask_prob;
+    spec.mask_token = m.vocab_size - 1;
+    spec.random_vocab = vocab;
+    spec.seed = d.seed;
+    out.train = std::make_shared<SyntheticLmDataset>("synthetic train", kStreamSynthTrain, train_n, spec, vocab);
+    out.eval = std::make_shared<SyntheticLmDataset>("synthetic eval", kStreamSynthEval, eval_n, spec, vocab);
+  } else if (is_image_model(m.kind)) {
+    if (m.in_channels < 1) config_error("model.in_channels", std::to_string(m.in_channels) + " must be >= 1");
+    if (m.image_size < 1) config_error("model.image_size", std::to_string(m.image_size) + " must be >= 1");
+    if (m.num_classes < 2) config_error("model.num_classes", std::to_string(m.num_classes) + " must be >= 2");
+    auto templates = std::make_shared<const detail::ImageTemplates>(d.seed, m.in_channels, m.image_size, m.num_classes);
+    out.train = std::make_shared<SyntheticImageDataset>("synthetic train", kStreamSynthTrain, train_n, d.seed, templates);
+    out.eval = std::make_shared<SyntheticImageDataset>("synthetic eval", kStreamSynthEval, eval_n, d.seed, templates);
+  } else {
+    config_error("model.kind", quoted(m.kind) + " is not one of gpt | bert | resnet | mlp");
+  }
+  return out;
+}
+
+}  // namespace
+
+Datasets make_datasets(const lt::DataConfig& data, const lt::ModelConfig& model) {
+  if (data.limit < 0) config_error("data.limit", std::to_string(data.limit) + " must be >= 0 (0: all samples)");
+  if (data.kind == "fashion_mnist") return make_fashion_mnist(data, model);
+  if (data.kind == "text") return make_text(data, model);
+  if (data.kind == "synthetic") return make_synthetic(data, model);
+  config_error("data.kind", quoted(data.kind) + " is not one of fashion_mnist | text | synthetic");
+}
+
+}  // namespace lt::data

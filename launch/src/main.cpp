@@ -1,0 +1,104 @@
+// leantrain's command line. The only place that exits: library code throws, and this maps
+// errors to exit codes (docs/ERRORS.md): 0 success, 1 runtime failure, 2 usage/config error.
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "leantrain/checkpoint_io/hdf5_info.h"
+#include "leantrain/comm/communicator.h"
+#include "leantrain/data/dataset.h"
+#include "leantrain/runtime/config.h"
+#include "leantrain/runtime/errors.h"
+#include "leantrain/runtime/files.h"
+#include "leantrain/runtime/log.h"
+#include "leantrain/runtime/runtime_context.h"
+#include "leantrain/runtime/world.h"
+#include "leantrain/trainers/trainer.h"
+
+#ifndef LEANTRAIN_VERSION
+#define LEANTRAIN_VERSION "unknown"
+#endif
+
+namespace {
+
+std::string version_text() {
+  return std::string("leantrain ") + LEANTRAIN_VERSION + "\n  LibTorch " + lt::torch_version() +
+         "\n  HDF5 " + lt::checkpoint_io::hdf5_version() + "\n  MPI " + lt::comm::mpi_library_version() +
+         "\n  NCCL " + lt::comm::nccl_version() + "\n  CUDA devices visible: " +
+         std::to_string(lt::cuda_device_count());
+}
+
+std::string default_out_dir(const std::string& config_path) {
+  return lt::files::join("runs", lt::files::stem(config_path));
+}
+
+int run_train(const std::string& config_path, const std::vector<std::string>& sets, std::string out) {
+  const lt::World world = lt::detect_world();
+  lt::log::init(world.rank, world.size, false);
+  lt::Config cfg = lt::load_config(config_path, sets);
+  lt::log::init(world.rank, world.size, cfg.log.all_ranks);
+  lt::validate(cfg, world.size);
+  const lt::RuntimeContext ctx = lt::make_runtime_context(cfg, world);
+  auto comm = lt::comm::make_communicator(cfg.comm, ctx);
+  if (out.empty()) out = default_out_dir(config_path);
+  const auto s = lt::trainers::run_training(cfg, ctx, *comm, out);
+  std::string acc = s.eval_accuracy >= 0 ? ", eval accuracy " + std::to_string(100.0 * s.eval_accuracy) + "%" : "";
+  lt::log::info("done: " + std::to_string(s.steps) + " steps in " + std::to_string(s.seconds) +
+                " s, final loss " + std::to_string(s.final_loss) + ", eval loss " +
+                std::to_string(s.eval_loss) + acc + "; metrics in " + out + "/metrics.jsonl");
+  return lt::kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"leantrain: data-parallel training of large models on memory-limited GPUs and CPUs"};
+  app.require_subcommand(0, 1);
+  bool show_version = false;
+  app.add_flag("--version", show_version, "Print the versions of leantrain and its libraries");
+
+  std::string config_path, out_dir;
+  std::vector<std::string> sets;
+  auto* train = app.add_subcommand("train", "Train a model from a TOML config");
+  train->add_option("--config", config_path, "Config file (TOML); see configs/")->required();
+  train->add_option("--set", sets, "Override a config key: section.key=value (repeatable)")
+      ->allow_extra_args(false);
+  train->add_option("--out", out_dir, "Output directory (default: runs/<config name>)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "leantrain: " << e.what() << " (see leantrain --help)\n";
+    return lt::kExitUsage;
+  }
+  try {
+    if (show_version) {
+      std::cout << version_text() << std::endl;
+      return lt::kExitOk;
+    }
+    if (*train) return run_train(config_path, sets, out_dir);
+    std::cout << app.help() << std::endl;
+    return lt::kExitUsage;
+  } catch (const lt::ConfigError& e) {
+    std::cerr << "leantrain: config error: " << e.what() << std::endl;
+    return lt::kExitUsage;
+  } catch (const lt::DataError& e) {
+    std::cerr << "leantrain: data error: " << e.what() << std::endl;
+    return lt::kExitUsage;
+  } catch (const c10::Error& e) {
+    // LibTorch errors carry a C++ backtrace; users need the message.
+    std::cerr << "leantrain: error: " << e.what_without_backtrace() << std::endl;
+    return lt::kExitFailure;
+  } catch (const std::exception& e) {
+    std::cerr << "leantrain: error: " << e.what() << std::endl;
+    return lt::kExitFailure;
+  }
+}

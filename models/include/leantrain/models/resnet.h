@@ -1,0 +1,102 @@
+#pragma once
+// ResNet (He et al. 2015, torchvision v1.5 layout: the stride of a bottleneck is on its 3x3
+// conv). Task kClassify. depth 18/34: BasicBlock [2,2,2,2]/[3,4,6,3]; 50/101/152: Bottleneck
+// [3,4,6,3]/[3,4,23,3]/[3,8,36,3]; depth 0: cfg.layers blocks per stage with cfg.block.
+// Stage s has planes = width * 2^s; its first block has stride 2 when s > 0. A BasicBlock
+// outputs planes channels, a Bottleneck planes * 4.
+//
+// Parameter names (named_parameters()), blocks numbered 0.. across all stages in forward order:
+//   stem.conv.weight  [W,C,7,7] (imagenet: stride 2, pad 3) or [W,C,3,3] (small: stride 1,
+//                     pad 1); no bias. Imagenet also max-pools 3x3/2 pad 1 (no parameters).
+//   stem.bn.weight/bias [W]
+//   blocks.i.conv1.weight, blocks.i.bn1.weight/bias, blocks.i.conv2.weight, blocks.i.bn2.*,
+//   (Bottleneck) blocks.i.conv3.weight, blocks.i.bn3.*
+//   (when the shape changes) blocks.i.down.conv.weight [out,in,1,1], blocks.i.down.bn.*
+//   fc.weight [num_classes, channels of the last stage], fc.bias [num_classes]
+// Buffers (named_buffers()): every `<bn>.running_mean`, `<bn>.running_var`,
+// `<bn>.num_batches_tracked`. Convs have no bias.
+//   BasicBlock: conv1 3x3/stride, conv2 3x3/1. Bottleneck: conv1 1x1, conv2 3x3/stride,
+//   conv3 1x1 (x4). Each conv is followed by its BN; ReLU after bn1, bn2 (basic: after the
+//   sum), and after the residual sum.
+// Forward: images [B,C,H,W] float -> stem -> blocks -> global average pool -> fc [B,K].
+// Init as torchvision: kaiming normal (fan_out, relu) for convs, BN weight 1 bias 0, fc keeps
+// the default nn.Linear init.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+#include "leantrain/models/model.h"
+
+namespace lt::models {
+
+/// 1x1 conv + BN on the shortcut when the block changes stride or channels.
+class DownsampleImpl : public torch::nn::Module {
+ public:
+  DownsampleImpl(int64_t in, int64_t out, int64_t stride);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+};
+
+class BasicBlockImpl : public BlockImpl {
+ public:
+  static constexpr int64_t kExpansion = 1;
+  BasicBlockImpl(int64_t in, int64_t planes, int64_t stride);
+  torch::Tensor forward(const torch::Tensor& x) override;
+
+  torch::nn::Conv2d conv1{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr};
+  torch::nn::Conv2d conv2{nullptr};
+  torch::nn::BatchNorm2d bn2{nullptr};
+  std::shared_ptr<DownsampleImpl> down;  // null when the shortcut is the identity
+};
+
+class BottleneckImpl : public BlockImpl {
+ public:
+  static constexpr int64_t kExpansion = 4;
+  BottleneckImpl(int64_t in, int64_t planes, int64_t stride);
+  torch::Tensor forward(const torch::Tensor& x) override;
+
+  torch::nn::Conv2d conv1{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr};
+  torch::nn::Conv2d conv2{nullptr};
+  torch::nn::BatchNorm2d bn2{nullptr};
+  torch::nn::Conv2d conv3{nullptr};
+  torch::nn::BatchNorm2d bn3{nullptr};
+  std::shared_ptr<DownsampleImpl> down;  // null when the shortcut is the identity
+};
+
+class ResNetStemImpl : public torch::nn::Module {
+ public:
+  /// kind: "imagenet" (7x7/2 conv, BN, ReLU, 3x3/2 max-pool) or "small" (3x3/1 conv, BN, ReLU).
+  ResNetStemImpl(int64_t in_channels, int64_t width, const std::string& kind);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+
+ private:
+  bool pool_;
+};
+
+class ResNet : public Model {
+ public:
+  explicit ResNet(const lt::ModelConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& input) override;
+  Task task() const override { return Task::kClassify; }
+
+  std::shared_ptr<ResNetStemImpl> stem;
+  torch::nn::Linear fc{nullptr};
+};
+
+/// Blocks per stage and block kind ("basic" | "bottleneck") for cfg (depth or layers+block).
+/// Throws lt::ConfigError naming model.depth / model.layers / model.block.
+std::pair<std::vector<int64_t>, std::string> resnet_layout(const lt::ModelConfig& cfg);
+
+}  // namespace lt::models

@@ -1,0 +1,133 @@
+#pragma once
+// The run configuration: the TOML file plus --set overrides, parsed strictly (an unknown key
+// or a wrong type is an error) and validated with messages that name the key and the fix.
+// Torch-free on purpose: the CLI and the tests parse configs without LibTorch headers.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lt {
+
+struct ModelConfig {
+  std::string kind = "mlp";  // gpt | bert | resnet | mlp
+  // Transformers (gpt, bert).
+  int64_t vocab_size = 257;
+  int64_t seq_len = 128;     // context length = learned positions
+  int64_t n_layer = 2;
+  int64_t n_head = 2;
+  int64_t d_model = 64;
+  int64_t d_ff = 0;          // 0 means 4 * d_model
+  int64_t type_vocab_size = 2;  // bert token types
+  double dropout = 0.0;
+  // ResNet.
+  int64_t depth = 18;                 // 18 | 34 | 50 | 101 | 152, or 0 with layers + block
+  std::vector<int64_t> layers;        // blocks per stage when depth = 0
+  std::string block = "basic";        // basic | bottleneck (depth = 0 only)
+  int64_t width = 64;                 // channels of the first stage
+  std::string stem = "imagenet";      // imagenet (7x7/2 + maxpool) | small (3x3/1, for 28x28)
+  // Images (resnet, mlp).
+  int64_t in_channels = 1;
+  int64_t image_size = 28;
+  int64_t num_classes = 10;
+  // MLP.
+  std::vector<int64_t> hidden = {256, 256};
+};
+
+struct DataConfig {
+  std::string kind = "fashion_mnist";  // fashion_mnist | text | synthetic
+  std::string path = "/usr/share/datasets/fashion-mnist";
+  uint64_t seed = 1234;
+  double eval_fraction = 0.1;     // text: share of the corpus held out for evaluation
+  double mask_prob = 0.15;        // bert masked-LM
+  int64_t synthetic_samples = 4096;
+  int64_t limit = 0;              // use only the first N training samples (0: all)
+};
+
+struct TrainConfig {
+  int64_t global_batch = 128;
+  int64_t micro_batch = 64;
+  int64_t steps = 0;              // optimizer steps; 0 means run `epochs` epochs
+  int64_t epochs = 1;
+  std::string optimizer = "adamw";  // adamw | sgd
+  double lr = 1e-3;
+  double min_lr = 0.0;
+  std::string schedule = "cosine";  // cosine | constant
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.01;
+  double momentum = 0.9;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double grad_clip = 1.0;         // max global grad norm; 0 disables clipping
+  int64_t eval_batch = 256;
+  int64_t eval_max_batches = 0;   // 0: the whole eval set
+  int64_t threads = 0;            // intra-op threads; 0 = cores / local ranks
+  std::string device = "auto";    // auto | cpu | cuda
+};
+
+struct PrecisionConfig {
+  std::string mode = "fp32";  // fp32 | bf16 | fp16
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+struct MemoryConfig {
+  std::string activation_checkpoint = "none";  // none | full | every:K | selective | auto
+  std::string budget = "0";                    // bytes, e.g. "8GiB"; "0" = no budget
+};
+
+struct CheckpointConfig {
+  std::string dir;            // empty: <out>/checkpoints
+  int64_t every_steps = 0;    // 0: only at the end
+  int64_t keep_last = 3;
+};
+
+struct CommConfig {
+  std::string backend = "auto";  // auto | nccl | mpi | local
+  double bucket_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  double timeout_s = 300.0;
+};
+
+struct LogConfig {
+  int64_t every_steps = 10;      // plain progress lines every N steps
+  std::string progress = "auto"; // auto | bar | plain | none
+  bool all_ranks = false;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  PrecisionConfig precision;
+  MemoryConfig memory;
+  CheckpointConfig checkpoint;
+  CommConfig comm;
+  LogConfig log;
+};
+
+/// Parses a TOML document, then applies `key=value` overrides (value in TOML syntax; a bare
+/// word is taken as a string). Throws ConfigError naming the key on an unknown key, a wrong
+/// type or a malformed file. Does not check values: call validate() for that.
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+/// Reads `path` and parses it (see parse_config); a missing file is a ConfigError.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// Checks every value, and the parallel layout for `world_size` ranks. Throws ConfigError
+/// with the key, the value and what is allowed.
+void validate(const Config& cfg, int world_size);
+
+/// Gradient-accumulation steps: global_batch / (micro_batch * world_size).
+int64_t accumulation_steps(const TrainConfig& t, int world_size);
+
+/// The config as JSON text (every key, defaults included), for metrics and checkpoints.
+std::string config_to_json(const Config& cfg);
+
+/// Parses a size such as "8GiB", "512MiB", "1.5GB" or "1000000" into bytes. Throws
+/// std::invalid_argument on a malformed size.
+int64_t parse_bytes(const std::string& text);
+
+}  // namespace lt

@@ -1,0 +1,153 @@
+// The command line end to end: the real binary, its exit codes, its one-line errors and the
+// files a run writes. Torch-free: it only runs processes and reads files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("lt_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  Result run(const std::string& args) {
+    const auto out = dir_ / "stdout", err = dir_ / "stderr";
+    const std::string cmd = std::string(LEANTRAIN_BINARY) + " " + args + " >" + out.string() + " 2>" + err.string() + " </dev/null";
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+
+  std::string demo() const { return std::string(LEANTRAIN_SOURCE_DIR) + "/configs/demo.toml"; }
+
+  // A config error: exit code 2 and exactly one line on stderr that contains `needle`.
+  void expect_config_error(const std::string& args, const std::string& needle) {
+    auto r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Cli, VersionNamesTheLibraries) {
+  auto r = run("--version");
+  EXPECT_EQ(r.code, 0);
+  for (const char* s : {"leantrain 0.", "LibTorch 2.", "HDF5 1.", "MPI ", "NCCL "})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << " missing in:\n" << r.out;
+}
+
+TEST_F(Cli, HelpListsTrain) {
+  auto r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("train"), std::string::npos);
+  r = run("train --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--set"), std::string::npos);
+}
+
+TEST_F(Cli, BadUsageExitsTwo) {
+  EXPECT_EQ(run("").code, 2);
+  EXPECT_EQ(run("frobnicate").code, 2);
+  EXPECT_EQ(run("train").code, 2);  // --config is required
+  expect_config_error("train --config /nonexistent.toml", "/nonexistent.toml");
+}
+
+TEST_F(Cli, UnknownKeyExitsTwoNamingIt) {
+  expect_config_error("train --config " + demo() + " --set train.learning_rate=1", "train.learning_rate");
+  std::ofstream(dir_ / "bad.toml") << "[train]\nbogus = 1\n";
+  expect_config_error("train --config " + (dir_ / "bad.toml").string(), "unknown key train.bogus");
+}
+
+TEST_F(Cli, WrongTypeExitsTwoNamingIt) {
+  expect_config_error("train --config " + demo() + " --set train.micro_batch='\"eight\"'",
+                      "train.micro_batch: expected an integer, got a string");
+}
+
+TEST_F(Cli, IndivisibleGlobalBatchExitsTwo) {
+  expect_config_error("train --config " + demo() + " --set train.global_batch=100 --set train.micro_batch=64",
+                      "train.global_batch = 100");
+}
+
+TEST_F(Cli, NegativeSizeExitsTwo) {
+  expect_config_error("train --config " + demo() + " --set model.width=-16", "model.width = -16");
+  expect_config_error("train --config " + demo() + " --set train.micro_batch=-1", "train.micro_batch = -1");
+}
+
+TEST_F(Cli, MissingDataPathExitsTwo) {
+  expect_config_error("train --config " + demo() + " --set data.path=/nonexistent/fmnist", "data.path");
+}
+
+TEST_F(Cli, UnavailableFeaturesAreConfigErrorsNotCrashes) {
+  expect_config_error("train --config " + demo() + " --set precision.mode=fp16", "precision.mode");
+}
+
+TEST_F(Cli, TrainsAndWritesMetrics) {
+  const auto out = dir_ / "run";
+  auto r = run("train --config " + demo() + " --set train.steps=30 --set data.limit=3840" +
+               " --set train.eval_max_batches=2 --set train.warmup_steps=5 --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(out / "config.json"));
+  EXPECT_EQ(nlohmann::json::parse(slurp(out / "config.json"))["train"]["steps"], 30);
+  std::ifstream in(out / "metrics.jsonl");
+  std::string line;
+  std::vector<double> losses;
+  int epochs = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("event"));
+    if (j["event"] == "step") {
+      for (const char* k : {"step", "loss", "lr", "loss_scale", "samples_per_s", "step_time_s",
+                            "comm_time_s", "peak_mem_bytes"})
+        ASSERT_TRUE(j.contains(k) && j[k].is_number()) << k << " in " << line;
+      EXPECT_GT(j["peak_mem_bytes"].get<int64_t>(), 0);
+      EXPECT_GT(j["samples_per_s"].get<double>(), 0);
+      losses.push_back(j["loss"].get<double>());
+    } else if (j["event"] == "epoch") {
+      ++epochs;
+      for (const char* k : {"eval_loss", "eval_accuracy", "epoch_time_s", "samples_per_s", "peak_mem_bytes"})
+        ASSERT_TRUE(j.contains(k) && j[k].is_number()) << k << " in " << line;
+      EXPECT_GT(j["eval_accuracy"].get<double>(), 0.3);  // chance is 0.1
+    }
+  }
+  ASSERT_EQ(losses.size(), 30u);
+  EXPECT_EQ(epochs, 1);
+  double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[27] + losses[28] + losses[29]) / 3;
+  EXPECT_LT(last, 0.7 * first) << "loss did not fall: " << first << " -> " << last;
+}
+
+}  // namespace

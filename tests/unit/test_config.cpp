@@ -1,0 +1,189 @@
+// Config parsing and validation: every rejection names the key and what is allowed.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "leantrain/runtime/config.h"
+#include "leantrain/runtime/errors.h"
+
+namespace {
+
+// Runs f, expects a ConfigError, returns its message.
+template <class F>
+std::string config_error(F&& f) {
+  try {
+    f();
+  } catch (const lt::ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected lt::ConfigError";
+  return "";
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
+
+TEST(ConfigParse, ReadsValuesAndKeepsDefaults) {
+  auto c = lt::parse_config(R"(
+[model]
+kind = "gpt"
+n_layer = 4
+hidden = [8, 4]
+[train]
+lr = 3e-4
+global_batch = 64
+[log]
+all_ranks = true
+)", "t.toml");
+  EXPECT_EQ(c.model.kind, "gpt");
+  EXPECT_EQ(c.model.n_layer, 4);
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{8, 4}));
+  EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);
+  EXPECT_EQ(c.train.global_batch, 64);
+  EXPECT_TRUE(c.log.all_ranks);
+  EXPECT_EQ(c.train.micro_batch, 64);  // default
+}
+
+TEST(ConfigParse, IntegerAcceptedWhereNumberExpected) {
+  auto c = lt::parse_config("[train]\nlr = 1\n", "t.toml");
+  EXPECT_DOUBLE_EQ(c.train.lr, 1.0);
+}
+
+TEST(ConfigParse, UnknownKeyIsNamedWithAllowedKeys) {
+  auto msg = config_error([] { lt::parse_config("[train]\nlearning_rate = 0.1\n", "t.toml"); });
+  EXPECT_CONTAINS(msg, "unknown key train.learning_rate");
+  EXPECT_CONTAINS(msg, "lr");
+  EXPECT_CONTAINS(msg, "t.toml");
+}
+
+TEST(ConfigParse, UnknownSectionIsNamed) {
+  auto msg = config_error([] { lt::parse_config("[trainer]\nlr = 0.1\n", "t.toml"); });
+  EXPECT_CONTAINS(msg, "unknown section [trainer]");
+}
+
+TEST(ConfigParse, WrongTypeNamesKeyAndBothTypes) {
+  auto msg = config_error([] { lt::parse_config("[train]\nmicro_batch = \"8\"\n", "t.toml"); });
+  EXPECT_CONTAINS(msg, "train.micro_batch");
+  EXPECT_CONTAINS(msg, "expected an integer, got a string");
+  msg = config_error([] { lt::parse_config("[model]\nhidden = [1, \"x\"]\n", "t.toml"); });
+  EXPECT_CONTAINS(msg, "model.hidden");
+}
+
+TEST(ConfigParse, SyntaxErrorNamesLine) {
+  auto msg = config_error([] { lt::parse_config("[train]\nlr = = 3\n", "bad.toml"); });
+  EXPECT_CONTAINS(msg, "bad.toml:2");
+}
+
+TEST(ConfigParse, OverridesApplyAfterFileWithTomlTypes) {
+  auto c = lt::parse_config("[train]\nlr = 0.1\n", "t.toml",
+                            {"train.lr=0.5", "model.kind=gpt", "model.hidden=[3]", "log.all_ranks=true"});
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.5);
+  EXPECT_EQ(c.model.kind, "gpt");
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{3}));
+  EXPECT_TRUE(c.log.all_ranks);
+}
+
+TEST(ConfigParse, BadOverridesAreNamed) {
+  EXPECT_CONTAINS(config_error([] { lt::parse_config("", "t", {"train.lr"}); }), "section.key=value");
+  EXPECT_CONTAINS(config_error([] { lt::parse_config("", "t", {"train.foo=1"}); }), "unknown key train.foo");
+  EXPECT_CONTAINS(config_error([] { lt::parse_config("", "t", {"train.steps=abc"}); }), "train.steps");
+}
+
+TEST(ConfigParse, MissingFileIsConfigError) {
+  EXPECT_CONTAINS(config_error([] { lt::load_config("/nonexistent/x.toml"); }), "/nonexistent/x.toml");
+}
+
+lt::Config valid() {
+  lt::Config c;
+  c.train.global_batch = 64;
+  c.train.micro_batch = 16;
+  return c;
+}
+
+TEST(ConfigValidate, DefaultsAreValid) { EXPECT_NO_THROW(lt::validate(valid(), 1)); }
+
+TEST(ConfigValidate, GlobalBatchMustDivideByMicroTimesWorld) {
+  auto c = valid();
+  c.train.global_batch = 48;
+  EXPECT_NO_THROW(lt::validate(c, 1));
+  auto msg = config_error([&] { lt::validate(c, 2); });  // 48 % (16*2) != 0
+  EXPECT_CONTAINS(msg, "train.global_batch = 48");
+  EXPECT_CONTAINS(msg, "16 x 2 = 32");
+  EXPECT_EQ(lt::accumulation_steps(c.train, 1), 3);
+}
+
+TEST(ConfigValidate, NegativeAndZeroSizesAreNamed) {
+  auto c = valid();
+  c.train.micro_batch = -4;
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "train.micro_batch = -4: must be a positive integer");
+  c = valid();
+  c.model.d_model = 0;
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "model.d_model");
+  c = valid();
+  c.model.hidden = {8, -1};
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "model.hidden");
+  c = valid();
+  c.train.lr = -1;
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "train.lr");
+}
+
+TEST(ConfigValidate, EnumsListAllowedValues) {
+  auto c = valid();
+  c.precision.mode = "fp8";
+  auto msg = config_error([&] { lt::validate(c, 1); });
+  EXPECT_CONTAINS(msg, "precision.mode = 'fp8'");
+  EXPECT_CONTAINS(msg, "fp32 | bf16 | fp16");
+  c = valid();
+  c.memory.activation_checkpoint = "every:0";
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "every:K");
+  c.memory.activation_checkpoint = "every:3";
+  EXPECT_NO_THROW(lt::validate(c, 1));
+}
+
+TEST(ConfigValidate, EmptyDataPathIsNamed) {
+  auto c = valid();
+  c.data.path = "";
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "data.path");
+  c.data.kind = "synthetic";
+  EXPECT_NO_THROW(lt::validate(c, 1));
+}
+
+TEST(ConfigValidate, HeadsMustDivideModelWidth) {
+  auto c = valid();
+  c.model.d_model = 100;
+  c.model.n_head = 3;
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "model.n_head = 3");
+}
+
+TEST(ParseBytes, UnitsAndErrors) {
+  EXPECT_EQ(lt::parse_bytes("8GiB"), 8LL << 30);
+  EXPECT_EQ(lt::parse_bytes("512MiB"), 512LL << 20);
+  EXPECT_EQ(lt::parse_bytes("1.5GB"), 1500000000LL);
+  EXPECT_EQ(lt::parse_bytes("1000"), 1000);
+  EXPECT_THROW(lt::parse_bytes("8 parsecs"), std::invalid_argument);
+  EXPECT_THROW(lt::parse_bytes("lots"), std::invalid_argument);
+  auto c = valid();
+  c.memory.budget = "lots";
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "memory.budget");
+}
+
+TEST(ConfigJson, ContainsEverySection) {
+  auto j = lt::config_to_json(valid());
+  for (const char* s : {"\"model\"", "\"data\"", "\"train\"", "\"precision\"", "\"memory\"",
+                        "\"checkpoint\"", "\"comm\"", "\"log\"", "\"global_batch\":64"})
+    EXPECT_CONTAINS(j, s);
+}
+
+TEST(ShippedConfigs, EveryConfigParsesAndValidates) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(LEANTRAIN_SOURCE_DIR) + "/configs")) {
+    if (e.path().extension() != ".toml") continue;
+    SCOPED_TRACE(e.path().string());
+    EXPECT_NO_THROW(lt::validate(lt::load_config(e.path().string()), 1));
+    ++n;
+  }
+  EXPECT_GE(n, 7);
+}
+
+}  // namespace

@@ -1,0 +1,303 @@
+#include "leantrain/trainers/trainer.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include "leantrain/data/data.h"
+#include "leantrain/models/model.h"
+#include "leantrain/runtime/errors.h"
+#include "leantrain/runtime/files.h"
+#include "leantrain/runtime/log.h"
+#include "leantrain/runtime/memory_meter.h"
+#include "leantrain/trainers/metrics.h"
+#include "leantrain/trainers/progress.h"
+#include "leantrain/trainers/schedule.h"
+
+namespace lt::trainers {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Note [Randomness per micro-batch]
+// Dropout draws from the global generator, reseeded before every micro-batch from
+// (seed, step, rank, micro-batch index): a resumed run repeats an uninterrupted one, and
+// no rank's stream depends on how many micro-batches another rank ran.
+uint64_t micro_seed(uint64_t seed, int64_t step, int rank, int64_t micro) {
+  return data::mix_seed({seed, 0x5eedULL, static_cast<uint64_t>(step), static_cast<uint64_t>(rank),
+                         static_cast<uint64_t>(micro)});
+}
+
+/// Autocast for one forward pass: bf16 on CPU or CUDA; nothing for fp32. Parameters and
+/// gradients stay FP32 (autocast casts per op).
+class AutocastGuard {
+ public:
+  AutocastGuard(const std::string& mode, c10::DeviceType dev) : dev_(dev) {
+    if (mode == "fp32") return;
+    active_ = true;
+    prev_enabled_ = at::autocast::is_autocast_enabled(dev_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(dev_);
+    at::autocast::set_autocast_dtype(dev_, mode == "bf16" ? at::kBFloat16 : at::kHalf);
+    at::autocast::set_autocast_enabled(dev_, true);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!active_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(dev_, prev_enabled_);
+    at::autocast::set_autocast_dtype(dev_, prev_dtype_);
+  }
+
+ private:
+  c10::DeviceType dev_;
+  bool active_ = false, prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model) {
+  // Weight decay on matrices and conv kernels only, not on biases and norm scales (the
+  // GPT-2/BERT convention every peer recipe follows).
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  if (t.optimizer == "adamw") {
+    auto opts = [&](double wd) {
+      return std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(wd));
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, opts(t.weight_decay));
+    groups.emplace_back(no_decay, opts(0.0));
+    return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(t.lr));
+  }
+  auto opts = [&](double wd) {
+    return std::make_unique<torch::optim::SGDOptions>(
+        torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, opts(t.weight_decay));
+  groups.emplace_back(no_decay, opts(0.0));
+  return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(t.lr));
+}
+
+void set_lr(torch::optim::Optimizer& opt, double lr) {
+  for (auto& g : opt.param_groups()) g.options().set_lr(lr);
+}
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = -1;
+};
+
+EvalResult evaluate(models::Model& model, const data::Dataset& ds, const Config& cfg,
+                    const torch::Device& device, int64_t epoch) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  double loss_sum = 0, count = 0, correct = 0;
+  const int64_t n = ds.size();
+  const int64_t bs = cfg.train.eval_batch;
+  int64_t batches = 0;
+  for (int64_t start = 0; start < n; start += bs) {
+    if (cfg.train.eval_max_batches > 0 && batches++ >= cfg.train.eval_max_batches) break;
+    std::vector<int64_t> idx;
+    for (int64_t i = start; i < std::min(n, start + bs); ++i) idx.push_back(i);
+    auto batch = ds.get(idx, epoch);
+    auto input = batch.input.to(device), target = batch.target.to(device);
+    torch::Tensor logits;
+    {
+      AutocastGuard ac(cfg.precision.mode, device.type());
+      logits = model.forward(input);
+    }
+    auto flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
+    auto tgt = target.reshape({-1});
+    auto valid = tgt != -100;
+    auto losses = torch::nn::functional::cross_entropy(
+        flat, tgt, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+    loss_sum += losses.item<double>();
+    count += valid.sum().item<double>();
+    correct += (flat.argmax(-1).eq(tgt) & valid).sum().item<double>();
+  }
+  model.train();
+  EvalResult r;
+  r.loss = count > 0 ? loss_sum / count : 0;
+  if (model.task() != models::Task::kCausalLM) r.accuracy = count > 0 ? correct / count : 0;
+  return r;
+}
+
+}  // namespace
+
+TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Communicator& comm,
+                          const std::string& out_dir) {
+  const auto& t = cfg.train;
+  const int world = comm.size(), rank = comm.rank();
+  if (cfg.memory.activation_checkpoint != "none")
+    throw ConfigError("memory.activation_checkpoint = '" + cfg.memory.activation_checkpoint +
+                      "': activation checkpointing is not available in this build yet; allowed: none");
+  if (cfg.precision.mode == "fp16")
+    throw ConfigError("precision.mode = 'fp16': needs the dynamic loss scaler, not available in this "
+                      "build yet; allowed: fp32 | bf16");
+
+  const torch::Device device = ctx.on_cuda() ? torch::Device(torch::kCUDA, ctx.device_index)
+                                             : torch::Device(torch::kCPU);
+  MemoryMeter meter(ctx.device_index);
+
+  torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));  // same initial weights on every rank
+  auto data = data::make_datasets(cfg.data, cfg.model);
+  auto model = models::build_model(cfg.model);
+  model->to(device);
+  model->train();
+  // Every rank starts from rank 0's weights.
+  for (auto& p : model->parameters()) {
+    auto d = p.data();
+    comm.broadcast(d, 0);
+  }
+  auto optimizer = make_optimizer(t, *model);
+
+  const int64_t accum = accumulation_steps(t, world);
+  const int64_t n_train = data.train->size();
+  const int64_t steps_per_epoch = n_train / t.global_batch;
+  if (steps_per_epoch == 0)
+    throw ConfigError("train.global_batch = " + std::to_string(t.global_batch) +
+                      ": larger than the training set (" + std::to_string(n_train) + " samples)");
+  const int64_t total_steps = t.steps > 0 ? t.steps : t.epochs * steps_per_epoch;
+
+  if (rank == 0) {
+    files::make_dirs(out_dir);
+    files::write_atomic(files::join(out_dir, "config.json"), config_to_json(cfg) + "\n");
+  }
+  MetricsWriter metrics(files::join(out_dir, "metrics.jsonl"), rank == 0);
+
+  const int64_t n_params = models::count_parameters(*model);
+  log::info("model " + cfg.model.kind + ": " + std::to_string(n_params) + " parameters; " +
+            data.train->describe());
+  log::info("device " + ctx.device_string() + ", " + std::to_string(ctx.threads) +
+            " threads, world " + std::to_string(world) + ", precision " + cfg.precision.mode +
+            "; global batch " + std::to_string(t.global_batch) + " = " + std::to_string(world) +
+            " ranks x " + std::to_string(t.micro_batch) + " micro x " + std::to_string(accum) +
+            " accumulation; " + std::to_string(total_steps) + " steps (" +
+            std::to_string(steps_per_epoch) + " per epoch)");
+
+  Progress progress(cfg.log.progress, total_steps, cfg.log.every_steps, rank == 0);
+  TrainSummary summary;
+  const auto run_start = Clock::now();
+  auto epoch_start = Clock::now();
+  int64_t epoch_peak = 0, epoch_samples = 0;
+  std::vector<int64_t> perm;
+  int64_t perm_epoch = -1;
+  const auto params = model->parameters();
+
+  for (int64_t step = 0; step < total_steps; ++step) {
+    const int64_t epoch = step / steps_per_epoch;
+    const int64_t k = step % steps_per_epoch;
+    if (epoch != perm_epoch) {
+      perm = data::epoch_permutation(n_train, cfg.data.seed, epoch);
+      perm_epoch = epoch;
+    }
+    const auto step_start = Clock::now();
+    meter.reset_peak();
+    const double lr = lr_at(t, step, total_steps);
+    set_lr(*optimizer, lr);
+    optimizer->zero_grad(/*set_to_none=*/true);
+
+    double loss_sum = 0;
+    int64_t tokens = 0;
+    for (int64_t j = 0; j < accum; ++j) {
+      auto idx = data::micro_batch_indices(perm, k, t.micro_batch, accum, world, rank, j);
+      auto batch = data.train->get(idx, epoch);
+      tokens += batch.tokens;
+      torch::manual_seed(micro_seed(cfg.data.seed, step, rank, j));
+      torch::Tensor loss;
+      {
+        AutocastGuard ac(cfg.precision.mode, device.type());
+        auto logits = model->forward(batch.input.to(device));
+        loss = models::compute_loss(model->task(), logits.to(torch::kFloat), batch.target.to(device));
+      }
+      // Gradients average over the whole global batch: world x accumulation micro-batches.
+      (loss / static_cast<double>(accum * world)).backward();
+      loss_sum += loss.item<double>();
+    }
+    double comm_time = 0;
+    if (world > 1) {
+      const auto c0 = Clock::now();
+      for (auto& p : params)
+        if (p.grad().defined()) {
+          auto g = p.grad();
+          comm.allreduce_sum(g);
+        }
+      comm_time = seconds_since(c0);
+    }
+    if (t.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, t.grad_clip);
+    optimizer->step();
+
+    double loss_val = loss_sum / static_cast<double>(accum);
+    if (world > 1) {
+      auto l = torch::tensor({loss_val}, torch::kDouble);
+      comm.allreduce_sum(l);
+      loss_val = l.item<double>() / world;
+    }
+    if (!std::isfinite(loss_val))
+      throw std::runtime_error("step " + std::to_string(step + 1) + ": the training loss is " +
+                               std::to_string(loss_val) + " (lower train.lr or enable train.grad_clip)");
+    const double step_time = seconds_since(step_start);
+    const int64_t peak = meter.stats().peak_bytes;
+    epoch_peak = std::max(epoch_peak, peak);
+    summary.peak_mem_bytes = std::max(summary.peak_mem_bytes, peak);
+    epoch_samples += t.global_batch;
+    const double sps = static_cast<double>(t.global_batch) / step_time;
+    MetricFields f = {{"step", step + 1},          {"epoch", epoch},
+                      {"loss", loss_val},          {"lr", lr},
+                      {"loss_scale", 1.0},         {"samples_per_s", sps},
+                      {"step_time_s", step_time},  {"comm_time_s", comm_time},
+                      {"peak_mem_bytes", peak}};
+    if (tokens > 0) f.emplace_back("tokens_per_s", static_cast<double>(tokens * world) / step_time);
+    metrics.event("step", f);
+    progress.update(step + 1, loss_val, lr, sps);
+    if (step == 0) summary.first_loss = loss_val;
+    summary.final_loss = loss_val;
+    summary.steps = step + 1;
+
+    const bool epoch_end = (k == steps_per_epoch - 1) || (step + 1 == total_steps);
+    if (epoch_end) {
+      progress.interrupt();
+      const double epoch_time = seconds_since(epoch_start);
+      auto ev = evaluate(*model, *data.eval, cfg, device, epoch);
+      summary.eval_loss = ev.loss;
+      summary.eval_accuracy = ev.accuracy;
+      summary.epochs = epoch + 1;
+      MetricFields ef = {{"epoch", epoch},
+                         {"step", step + 1},
+                         {"eval_loss", ev.loss},
+                         {"epoch_time_s", epoch_time},
+                         {"samples_per_s", static_cast<double>(epoch_samples) / epoch_time},
+                         {"peak_mem_bytes", epoch_peak}};
+      std::ostringstream line;
+      line.precision(4);
+      line << std::fixed << "epoch " << epoch + 1 << ": eval loss " << ev.loss;
+      if (ev.accuracy >= 0) {
+        ef.emplace_back("eval_accuracy", ev.accuracy);
+        line << ", accuracy " << 100.0 * ev.accuracy << "%";
+      }
+      if (model->task() != models::Task::kClassify) {
+        ef.emplace_back("eval_perplexity", std::exp(ev.loss));
+        line << ", perplexity " << std::exp(ev.loss);
+      }
+      line.precision(1);
+      line << "; " << epoch_time << " s, " << static_cast<double>(epoch_samples) / epoch_time
+           << " samples/s, peak memory " << format_bytes(epoch_peak);
+      metrics.event("epoch", ef);
+      log::info(line.str());
+      epoch_start = Clock::now();
+      epoch_peak = 0;
+      epoch_samples = 0;
+    }
+  }
+  summary.seconds = seconds_since(run_start);
+  return summary;
+}
+
+}  // namespace lt::trainers
