@@ -26,18 +26,26 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
     return y.view({b, t, n_head_, hd}).transpose(1, 2);  // [B,H,T,hd]
   };
   auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  auto y = core_runner_ ? core_runner_([this](const torch::Tensor& a, const torch::Tensor& b_,
+                                              const torch::Tensor& c) { return core(a, b_, c); },
+                                       q, k, v)
+                        : core(q, k, v);
+  y = y.transpose(1, 2).reshape({b, t, d_model_});
+  return proj(y);
+}
+
+torch::Tensor SelfAttentionImpl::core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  const int64_t t = q.size(2), hd = q.size(3);
   // Plain attention (no fused SDPA) so the activation memory is the textbook one: the [B,H,T,T]
   // scores and probabilities are materialised.
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
   if (causal_) {
-    auto mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
-                    .triu(1);
+    auto mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
     att = att.masked_fill(mask, -std::numeric_limits<double>::infinity());
   }
   att = torch::softmax(att, -1);
   if (attn_dropout_ > 0.0) att = torch::dropout(att, attn_dropout_, is_training());
-  auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d_model_});
-  return proj(y);
+  return torch::matmul(att, v);
 }
 
 FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t d_ff, std::string approximate)

@@ -1,6 +1,5 @@
 #include "leantrain/trainers/trainer.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -8,12 +7,14 @@
 #include <sstream>
 
 #include "leantrain/data/data.h"
+#include "leantrain/models/activation_checkpoint.h"
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/files.h"
 #include "leantrain/runtime/log.h"
 #include "leantrain/runtime/memory_meter.h"
 #include "leantrain/trainers/metrics.h"
+#include "leantrain/trainers/precision.h"
 #include "leantrain/trainers/progress.h"
 #include "leantrain/trainers/schedule.h"
 
@@ -33,32 +34,6 @@ uint64_t micro_seed(uint64_t seed, int64_t step, int rank, int64_t micro) {
   return data::mix_seed({seed, 0x5eedULL, static_cast<uint64_t>(step), static_cast<uint64_t>(rank),
                          static_cast<uint64_t>(micro)});
 }
-
-/// Autocast for one forward pass: bf16 on CPU or CUDA; nothing for fp32. Parameters and
-/// gradients stay FP32 (autocast casts per op).
-class AutocastGuard {
- public:
-  AutocastGuard(const std::string& mode, c10::DeviceType dev) : dev_(dev) {
-    if (mode == "fp32") return;
-    active_ = true;
-    prev_enabled_ = at::autocast::is_autocast_enabled(dev_);
-    prev_dtype_ = at::autocast::get_autocast_dtype(dev_);
-    at::autocast::set_autocast_dtype(dev_, mode == "bf16" ? at::kBFloat16 : at::kHalf);
-    at::autocast::set_autocast_enabled(dev_, true);
-    at::autocast::increment_nesting();
-  }
-  ~AutocastGuard() {
-    if (!active_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(dev_, prev_enabled_);
-    at::autocast::set_autocast_dtype(dev_, prev_dtype_);
-  }
-
- private:
-  c10::DeviceType dev_;
-  bool active_ = false, prev_enabled_ = false;
-  at::ScalarType prev_dtype_ = at::kFloat;
-};
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model) {
   // Weight decay on matrices and conv kernels only, not on biases and norm scales (the
@@ -135,28 +110,26 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                           const std::string& out_dir) {
   const auto& t = cfg.train;
   const int world = comm.size(), rank = comm.rank();
-  if (cfg.memory.activation_checkpoint != "none")
-    throw ConfigError("memory.activation_checkpoint = '" + cfg.memory.activation_checkpoint +
-                      "': activation checkpointing is not available in this build yet; allowed: none");
-  if (cfg.precision.mode == "fp16")
-    throw ConfigError("precision.mode = 'fp16': needs the dynamic loss scaler, not available in this "
-                      "build yet; allowed: fp32 | bf16");
+  const auto ckpt_policy = models::CheckpointPolicy::parse(cfg.memory.activation_checkpoint);
 
   const torch::Device device = ctx.on_cuda() ? torch::Device(torch::kCUDA, ctx.device_index)
                                              : torch::Device(torch::kCPU);
   MemoryMeter meter(ctx.device_index);
+  check_precision_supported(cfg.precision.mode, device);
 
   torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));  // same initial weights on every rank
   auto data = data::make_datasets(cfg.data, cfg.model);
   auto model = models::build_model(cfg.model);
   model->to(device);
   model->train();
+  models::apply_checkpoint_policy(*model, ckpt_policy);
   // Every rank starts from rank 0's weights.
   for (auto& p : model->parameters()) {
     auto d = p.data();
     comm.broadcast(d, 0);
   }
   auto optimizer = make_optimizer(t, *model);
+  LossScaler scaler(cfg.precision, cfg.precision.mode == "fp16", device);
 
   const int64_t accum = accumulation_steps(t, world);
   const int64_t n_train = data.train->size();
@@ -179,7 +152,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
             " threads, world " + std::to_string(world) + ", precision " + cfg.precision.mode +
             "; global batch " + std::to_string(t.global_batch) + " = " + std::to_string(world) +
             " ranks x " + std::to_string(t.micro_batch) + " micro x " + std::to_string(accum) +
-            " accumulation; " + std::to_string(total_steps) + " steps (" +
+            " accumulation; activation checkpoint " + ckpt_policy.to_string() + "; " + std::to_string(total_steps) + " steps (" +
             std::to_string(steps_per_epoch) + " per epoch)");
 
   Progress progress(cfg.log.progress, total_steps, cfg.log.every_steps, rank == 0);
@@ -190,6 +163,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   std::vector<int64_t> perm;
   int64_t perm_epoch = -1;
   const auto params = model->parameters();
+  int64_t param_bytes = 0;
+  for (const auto& p : params) param_bytes += static_cast<int64_t>(p.nbytes());
+  int64_t epoch_act_peak = 0;
 
   for (int64_t step = 0; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch;
@@ -203,6 +179,10 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     const double lr = lr_at(t, step, total_steps);
     set_lr(*optimizer, lr);
     optimizer->zero_grad(/*set_to_none=*/true);
+    // Note [Memory breakdown]: with gradients freed, what is allocated at the start of a step
+    // is parameters + optimizer state (+ small buffers); the step's peak above that is the
+    // gradients plus the activations of one micro-batch.
+    const int64_t step_base = meter.stats().current_bytes;
 
     double loss_sum = 0;
     int64_t tokens = 0;
@@ -218,7 +198,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
         loss = models::compute_loss(model->task(), logits.to(torch::kFloat), batch.target.to(device));
       }
       // Gradients average over the whole global batch: world x accumulation micro-batches.
-      (loss / static_cast<double>(accum * world)).backward();
+      scaler.scale(loss / static_cast<double>(accum * world)).backward();
       loss_sum += loss.item<double>();
     }
     double comm_time = 0;
@@ -231,8 +211,16 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
         }
       comm_time = seconds_since(c0);
     }
-    if (t.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, t.grad_clip);
-    optimizer->step();
+    int64_t grad_bytes = 0;
+    for (const auto& p : params)
+      if (p.grad().defined()) grad_bytes += static_cast<int64_t>(p.grad().nbytes());
+    const double scale_used = scaler.scale_value();
+    const bool stepped = apply_update(*optimizer, scaler, params, t.grad_clip, comm);
+    if (!stepped)
+      metrics.event("skipped_step", {{"step", step + 1},
+                                     {"reason", std::string("non-finite gradient")},
+                                     {"loss_scale", scale_used},
+                                     {"new_loss_scale", scaler.scale_value()}});
 
     double loss_val = loss_sum / static_cast<double>(accum);
     if (world > 1) {
@@ -240,7 +228,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       comm.allreduce_sum(l);
       loss_val = l.item<double>() / world;
     }
-    if (!std::isfinite(loss_val))
+    if (!scaler.enabled() && !std::isfinite(loss_val))
       throw std::runtime_error("step " + std::to_string(step + 1) + ": the training loss is " +
                                std::to_string(loss_val) + " (lower train.lr or enable train.grad_clip)");
     const double step_time = seconds_since(step_start);
@@ -251,9 +239,14 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     const double sps = static_cast<double>(t.global_batch) / step_time;
     MetricFields f = {{"step", step + 1},          {"epoch", epoch},
                       {"loss", loss_val},          {"lr", lr},
-                      {"loss_scale", 1.0},         {"samples_per_s", sps},
+                      {"loss_scale", scale_used},         {"samples_per_s", sps},
                       {"step_time_s", step_time},  {"comm_time_s", comm_time},
-                      {"peak_mem_bytes", peak}};
+                      {"peak_mem_bytes", peak},
+                      {"mem_params_bytes", param_bytes},
+                      {"mem_grads_bytes", grad_bytes},
+                      {"mem_optimizer_bytes", std::max<int64_t>(0, step_base - param_bytes)},
+                      {"mem_activations_bytes", std::max<int64_t>(0, peak - step_base - grad_bytes)}};
+    epoch_act_peak = std::max(epoch_act_peak, std::max<int64_t>(0, peak - step_base - grad_bytes));
     if (tokens > 0) f.emplace_back("tokens_per_s", static_cast<double>(tokens * world) / step_time);
     metrics.event("step", f);
     progress.update(step + 1, loss_val, lr, sps);
@@ -274,7 +267,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                          {"eval_loss", ev.loss},
                          {"epoch_time_s", epoch_time},
                          {"samples_per_s", static_cast<double>(epoch_samples) / epoch_time},
-                         {"peak_mem_bytes", epoch_peak}};
+                         {"peak_mem_bytes", epoch_peak},
+                         {"mem_params_bytes", param_bytes},
+                         {"mem_activations_bytes", epoch_act_peak}};
       std::ostringstream line;
       line.precision(4);
       line << std::fixed << "epoch " << epoch + 1 << ": eval loss " << ev.loss;
@@ -288,11 +283,13 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       }
       line.precision(1);
       line << "; " << epoch_time << " s, " << static_cast<double>(epoch_samples) / epoch_time
-           << " samples/s, peak memory " << format_bytes(epoch_peak);
+           << " samples/s, peak memory " << format_bytes(epoch_peak) << " (parameters "
+           << format_bytes(param_bytes) << ", activations " << format_bytes(epoch_act_peak) << ")";
       metrics.event("epoch", ef);
       log::info(line.str());
       epoch_start = Clock::now();
       epoch_peak = 0;
+      epoch_act_peak = 0;
       epoch_samples = 0;
     }
   }

@@ -10,6 +10,7 @@
 // above the diagonal when causal, softmax in the input dtype, dropout on the probabilities
 // (training only), then merged back to [B,T,D] and projected by proj.
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <torch/nn/module.h>
@@ -17,16 +18,30 @@
 
 namespace lt::models {
 
+/// The attention core: q, k, v [B,H,T,hd] -> softmax(q k^T / sqrt(hd) [+ causal mask]) (with
+/// dropout) @ v, [B,H,T,hd]. It holds the [B,H,T,T] intermediates that dominate activation
+/// memory at long sequence lengths while costing little to recompute.
+using AttentionCore =
+    std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v)>;
+/// Runs the core; the selective checkpoint policy installs one that recomputes it in backward.
+using AttentionCoreRunner = std::function<torch::Tensor(const AttentionCore& core, const torch::Tensor& q,
+                                                        const torch::Tensor& k, const torch::Tensor& v)>;
+
 class SelfAttentionImpl : public torch::nn::Module {
  public:
   SelfAttentionImpl(int64_t d_model, int64_t n_head, double attn_dropout, bool causal);
   /// x [B,T,D] -> [B,T,D] (before any residual dropout).
   torch::Tensor forward(const torch::Tensor& x);
+  /// An empty runner calls the core directly.
+  void set_core_runner(AttentionCoreRunner runner) { core_runner_ = std::move(runner); }
 
   torch::nn::Linear qkv{nullptr};
   torch::nn::Linear proj{nullptr};
 
  private:
+  torch::Tensor core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+
+  AttentionCoreRunner core_runner_;
   int64_t d_model_;
   int64_t n_head_;
   double attn_dropout_;

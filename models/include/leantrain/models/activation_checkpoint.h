@@ -1,0 +1,46 @@
+#pragma once
+// Activation checkpointing for LibTorch C++, which has no torch.utils.checkpoint (pytorch
+// issue #52744): a function runs without keeping its intermediate activations and is
+// recomputed in backward. See Note [Activation checkpoint recompute] in the .cpp.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "leantrain/models/model.h"
+
+namespace lt::models {
+
+using RecomputeFn = std::function<torch::Tensor(const std::vector<torch::Tensor>& inputs)>;
+
+/// Returns fn(inputs) with autograd history but without fn's saved activations; backward
+/// reruns fn with the RNG state (CPU and CUDA) and autocast state of this call, then
+/// differentiates that rerun with respect to `inputs` and `params` (the parameters fn
+/// reads: they must be passed so their gradients flow). `buffers_of`, when given, has its
+/// buffers (BatchNorm running statistics) restored after the rerun, so they are updated once.
+/// Outside grad mode it is just fn(inputs).
+torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+                         const std::vector<torch::Tensor>& params,
+                         torch::nn::Module* buffers_of = nullptr);
+
+/// A checkpoint policy parsed from memory.activation_checkpoint.
+struct CheckpointPolicy {
+  enum class Kind { kNone, kFull, kEvery, kSelective } kind = Kind::kNone;
+  int64_t every = 1;  // kEvery: checkpoint blocks 0, K, 2K, ...
+
+  /// "none" | "full" | "every:K" | "selective". Throws ConfigError naming
+  /// memory.activation_checkpoint otherwise ("auto" is resolved by the planner).
+  static CheckpointPolicy parse(const std::string& text);
+  bool checkpoints_block(size_t index) const;
+  std::string to_string() const;
+};
+
+/// Installs the policy on a model: full/every:K wrap whole blocks in checkpoint();
+/// selective recomputes only the cheap, large intermediates (attention scores, softmax and
+/// dropout for GPT/BERT — Megatron-LM's selective recompute; the BatchNorm+ReLU outputs
+/// are not separable in our ResNet blocks, so ResNet and MLP checkpoint every other block).
+void apply_checkpoint_policy(Model& model, const CheckpointPolicy& policy);
+
+}  // namespace lt::models

@@ -1,0 +1,224 @@
+#include "leantrain/models/activation_checkpoint.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/Context.h>
+#include <torch/torch.h>
+
+#include "leantrain/models/attention.h"
+#include "leantrain/runtime/errors.h"
+
+namespace lt::models {
+namespace {
+
+// Note [Activation checkpoint recompute]
+// forward() runs fn with grad disabled (inside a custom Function), so no activation is kept;
+// it saves the inputs, the RNG states of the CPU and every initialised CUDA generator, and
+// the autocast state. backward() restores those, reruns fn with grad enabled on detached
+// copies of the inputs, and calls autograd::grad(outputs, inputs + params) — never
+// backward() inside backward, which misbehaves under autocast. The caller's RNG state and
+// autocast state are put back afterwards, and module buffers (BatchNorm running stats,
+// updated by the rerun) are restored from a snapshot so the recomputation leaves no trace.
+// The parameters are a TensorList argument: LibTorch's custom Function sees tensors in a
+// TensorList as inputs, but not those in a std::vector argument.
+
+struct Recompute : torch::CustomClassHolder {
+  RecomputeFn fn;
+  torch::nn::Module* buffers_of = nullptr;
+  size_t n_inputs = 0;
+  at::Tensor cpu_rng;
+  std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda_rng;
+  bool ac_cpu = false, ac_cuda = false;
+  at::ScalarType ac_cpu_dtype = at::kBFloat16, ac_cuda_dtype = at::kHalf;
+};
+
+struct AutocastState {
+  bool cpu, cuda;
+  at::ScalarType cpu_dtype, cuda_dtype;
+  static AutocastState now() {
+    return {at::autocast::is_autocast_enabled(at::kCPU), at::autocast::is_autocast_enabled(at::kCUDA),
+            at::autocast::get_autocast_dtype(at::kCPU), at::autocast::get_autocast_dtype(at::kCUDA)};
+  }
+  void apply() const {
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+    at::autocast::set_autocast_enabled(at::kCPU, cpu);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda);
+  }
+};
+
+// Generators are handles: a copy shares the state of the default one (the getters return const&).
+at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
+at::Generator cuda_generator(c10::DeviceIndex d) {
+  return at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, d));
+}
+
+int cuda_generators() {
+  return at::globalContext().hasCUDA() ? static_cast<int>(at::detail::getCUDAHooks().deviceCount()) : 0;
+}
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                at::TensorList inputs, at::TensorList params,
+                                                c10::intrusive_ptr<Recompute> rc) {
+    (void)params;
+    rc->n_inputs = inputs.size();
+    rc->cpu_rng = cpu_generator().get_state();
+    for (int d = 0; d < cuda_generators(); ++d) {
+      const auto idx = static_cast<c10::DeviceIndex>(d);
+      rc->cuda_rng.emplace_back(idx, cuda_generator(idx).get_state());
+    }
+    const auto ac = AutocastState::now();
+    rc->ac_cpu = ac.cpu;
+    rc->ac_cuda = ac.cuda;
+    rc->ac_cpu_dtype = ac.cpu_dtype;
+    rc->ac_cuda_dtype = ac.cuda_dtype;
+    std::vector<at::Tensor> in(inputs.begin(), inputs.end());
+    at::Tensor out = rc->fn(in);
+    std::vector<at::Tensor> to_save(inputs.begin(), inputs.end());
+    to_save.insert(to_save.end(), params.begin(), params.end());
+    ctx->save_for_backward(to_save);
+    ctx->saved_data["recompute"] = c10::IValue::make_capsule(rc);
+    return {out};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto rc = c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
+    const auto saved = ctx->get_saved_variables();
+    std::vector<at::Tensor> inputs, grad_targets;
+    std::vector<size_t> target_slot;  // position in the returned gradient list
+    for (size_t i = 0; i < rc->n_inputs; ++i) {
+      auto x = saved[i].detach();
+      if (saved[i].requires_grad()) {
+        x.requires_grad_(true);
+        grad_targets.push_back(x);
+        target_slot.push_back(i);
+      }
+      inputs.push_back(x);
+    }
+    for (size_t i = rc->n_inputs; i < saved.size(); ++i)
+      if (saved[i].requires_grad()) {
+        grad_targets.push_back(saved[i]);
+        target_slot.push_back(i);
+      }
+
+    // Snapshot what the rerun disturbs: RNG, autocast state, buffers.
+    const auto cpu_rng_now = cpu_generator().get_state();
+    std::vector<at::Tensor> cuda_rng_now;
+    for (auto& [d, st] : rc->cuda_rng) {
+      auto gen = cuda_generator(d);
+      cuda_rng_now.push_back(gen.get_state());
+      gen.set_state(st);
+    }
+    cpu_generator().set_state(rc->cpu_rng);
+    const auto ac_now = AutocastState::now();
+    AutocastState{rc->ac_cpu, rc->ac_cuda, rc->ac_cpu_dtype, rc->ac_cuda_dtype}.apply();
+    std::vector<at::Tensor> buffers;
+    if (rc->buffers_of)
+      for (auto& b : rc->buffers_of->buffers()) buffers.push_back(b.clone());
+
+    at::Tensor out;
+    {
+      torch::AutoGradMode grad_on(true);
+      out = rc->fn(inputs);
+    }
+    ac_now.apply();
+    cpu_generator().set_state(cpu_rng_now);
+    for (size_t i = 0; i < rc->cuda_rng.size(); ++i)
+      cuda_generator(rc->cuda_rng[i].first).set_state(cuda_rng_now[i]);
+
+    torch::autograd::variable_list grads(saved.size() + 1);  // + the Recompute argument
+    if (!grad_targets.empty() && out.requires_grad()) {
+      auto g = torch::autograd::grad({out}, grad_targets, {grad_out[0]}, /*retain_graph=*/false,
+                                     /*create_graph=*/false, /*allow_unused=*/true);
+      for (size_t i = 0; i < g.size(); ++i) grads[target_slot[i]] = g[i];
+    }
+    // After the rerun's graph is consumed: BatchNorm saved its running stats as inputs, so
+    // restoring them earlier would trip autograd's version check.
+    if (rc->buffers_of) {
+      torch::NoGradGuard ng;
+      size_t i = 0;
+      for (auto& b : rc->buffers_of->buffers()) b.copy_(buffers[i++]);
+    }
+    return grads;
+  }
+};
+
+// The attention core's checkpoint, installed on every SelfAttention by the selective policy.
+torch::Tensor checkpointed_core(const AttentionCore& core, const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v) {
+  return checkpoint([core](const std::vector<torch::Tensor>& in) { return core(in[0], in[1], in[2]); },
+                    {q, k, v}, {});
+}
+
+}  // namespace
+
+torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+                         const std::vector<torch::Tensor>& params, torch::nn::Module* buffers_of) {
+  if (!torch::GradMode::is_enabled()) return fn(inputs);
+  auto rc = c10::make_intrusive<Recompute>();
+  rc->fn = std::move(fn);
+  rc->buffers_of = buffers_of;
+  return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(params), rc)[0];
+}
+
+CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
+  CheckpointPolicy p;
+  if (text == "none") return p;
+  if (text == "full") {
+    p.kind = Kind::kFull;
+  } else if (text == "selective") {
+    p.kind = Kind::kSelective;
+  } else if (text.rfind("every:", 0) == 0 && text.size() > 6 &&
+             text.find_first_not_of("0123456789", 6) == std::string::npos && std::stoll(text.substr(6)) > 0) {
+    p.kind = Kind::kEvery;
+    p.every = std::stoll(text.substr(6));
+  } else {
+    throw ConfigError("memory.activation_checkpoint = '" + text +
+                      "': allowed: none | full | every:K | selective (auto is resolved by the planner)");
+  }
+  return p;
+}
+
+bool CheckpointPolicy::checkpoints_block(size_t index) const {
+  switch (kind) {
+    case Kind::kNone: return false;
+    case Kind::kFull: return true;
+    case Kind::kEvery: return index % static_cast<size_t>(every) == 0;
+    case Kind::kSelective: return index % 2 == 0;  // conv/MLP fallback, see the header
+  }
+  return false;
+}
+
+std::string CheckpointPolicy::to_string() const {
+  switch (kind) {
+    case Kind::kNone: return "none";
+    case Kind::kFull: return "full";
+    case Kind::kEvery: return "every:" + std::to_string(every);
+    case Kind::kSelective: return "selective";
+  }
+  return "none";
+}
+
+void apply_checkpoint_policy(Model& model, const CheckpointPolicy& policy) {
+  bool has_attention = false;
+  for (auto& m : model.modules(/*include_self=*/false))
+    if (auto* att = dynamic_cast<SelfAttentionImpl*>(m.get())) {
+      has_attention = true;
+      att->set_core_runner(policy.kind == CheckpointPolicy::Kind::kSelective ? AttentionCoreRunner(checkpointed_core)
+                                                                              : AttentionCoreRunner());
+    }
+  if (policy.kind == CheckpointPolicy::Kind::kNone || (policy.kind == CheckpointPolicy::Kind::kSelective && has_attention)) {
+    model.set_block_runner({});
+    return;
+  }
+  model.set_block_runner([policy](size_t i, BlockImpl& block, const torch::Tensor& x) {
+    if (!policy.checkpoints_block(i) || !block.is_training()) return block.forward(x);
+    std::vector<torch::Tensor> params = block.parameters();
+    return checkpoint([&block](const std::vector<torch::Tensor>& in) { return block.forward(in[0]); }, {x},
+                      params, &block);
+  });
+}
+
+}  // namespace lt::models

@@ -1,0 +1,98 @@
+#include "leantrain/trainers/precision.h"
+
+#include <ATen/autocast_mode.h>
+
+#include "leantrain/runtime/errors.h"
+
+namespace lt::trainers {
+
+AutocastGuard::AutocastGuard(const std::string& mode, c10::DeviceType device) : device_(device) {
+  if (mode == "fp32") return;
+  active_ = true;
+  prev_enabled_ = at::autocast::is_autocast_enabled(device_);
+  prev_dtype_ = at::autocast::get_autocast_dtype(device_);
+  at::autocast::set_autocast_dtype(device_, mode == "bf16" ? at::kBFloat16 : at::kHalf);
+  at::autocast::set_autocast_enabled(device_, true);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_, prev_enabled_);
+  at::autocast::set_autocast_dtype(device_, prev_dtype_);
+}
+
+void check_precision_supported(const std::string& mode, const torch::Device& device) {
+  if (mode == "fp32") return;
+  try {
+    auto a = torch::randn({8, 8}, torch::TensorOptions().device(device));
+    torch::Tensor y;
+    {
+      AutocastGuard ac(mode, device.type());
+      y = torch::matmul(a, a);
+    }
+    const auto want = mode == "bf16" ? torch::kBFloat16 : torch::kHalf;
+    if (y.scalar_type() != want)
+      throw std::runtime_error("autocast produced " + std::string(c10::toString(y.scalar_type())));
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    msg = msg.substr(0, msg.find('\n'));
+    throw ConfigError("precision.mode = '" + mode + "': this LibTorch cannot run " + mode + " matmuls on " +
+                      device.str() + " (" + msg + "); use " + (mode == "fp16" ? "bf16 or fp32" : "fp32"));
+  }
+}
+
+LossScaler::LossScaler(const PrecisionConfig& cfg, bool enabled, const torch::Device& device)
+    : enabled_(enabled),
+      growth_factor_(cfg.growth_factor),
+      backoff_factor_(cfg.backoff_factor),
+      growth_interval_(cfg.growth_interval) {
+  scale_ = torch::full({1}, cfg.init_scale, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  growth_tracker_ = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt).device(device));
+}
+
+torch::Tensor LossScaler::scale(const torch::Tensor& loss) const {
+  return enabled_ ? loss * scale_.to(loss.dtype()) : loss;
+}
+
+bool LossScaler::unscale_(const std::vector<torch::Tensor>& params, comm::Communicator& comm) {
+  if (!enabled_) return false;
+  // As GradScaler: inv_scale = 1/scale computed in double, then rounded to float.
+  auto inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
+  auto found_inf = torch::zeros({1}, scale_.options());
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (!grads.empty()) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+  // Every rank must agree to skip: sum the flags.
+  comm.allreduce_sum(found_inf);
+  return found_inf.item<float>() > 0;
+}
+
+void LossScaler::update(bool found_inf) {
+  if (!enabled_) return;
+  auto flag = torch::full({1}, found_inf ? 1.0f : 0.0f, scale_.options());
+  at::_amp_update_scale_(scale_, growth_tracker_, flag, growth_factor_, backoff_factor_, growth_interval_);
+}
+
+double LossScaler::scale_value() const { return enabled_ ? scale_.item<double>() : 1.0; }
+int64_t LossScaler::growth_tracker() const { return growth_tracker_.item<int64_t>(); }
+
+void LossScaler::load(double scale, int64_t growth_tracker) {
+  scale_.fill_(scale);
+  growth_tracker_.fill_(growth_tracker);
+}
+
+bool apply_update(torch::optim::Optimizer& optimizer, LossScaler& scaler,
+                  const std::vector<torch::Tensor>& params, double grad_clip, comm::Communicator& comm) {
+  const bool found_inf = scaler.unscale_(params, comm);
+  if (!found_inf) {
+    if (grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, grad_clip);
+    optimizer.step();
+  }
+  scaler.update(found_inf);
+  return !found_inf;
+}
+
+}  // namespace lt::trainers
