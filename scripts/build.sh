@@ -5,12 +5,9 @@ set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$top/scripts/setup.sh"
 
-# ccache lives outside the clone; BASEDIR makes hits independent of where the clone is.
+# ccache lives outside the clone (CMakeLists.txt sets its PCH sloppiness and BASEDIR).
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
-export CCACHE_BASEDIR=$top
-export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
-export CCACHE_NOHASHDIR=1
+ccache --max-size=8G >/dev/null 2>&1 || true
 
 build=${LEANTRAIN_BUILD_DIR:-$top/build}
 if [ ! -f "$build/build.ninja" ]; then

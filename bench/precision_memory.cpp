@@ -1,0 +1,142 @@
+// Benchmark: peak activation memory and step time of fp32/bf16 x none/selective/full
+// activation checkpointing, each printed as a ratio to a baseline measured in the same run
+// (activations: fp32 + none; step time: the same precision with none).
+//
+//   build/bin/leantrain_bench_memory [--model gpt|resnet50|all] [--steps N] [--micro N] [--seq N]
+//                                    [--layers N] [--out FILE.md]
+//
+// Activation memory = the step's peak allocated bytes above what is allocated before the
+// forward pass (parameters, gradients kept from the warm-up step, optimizer-free).
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/models/model.h"
+#include "leantrain/runtime/memory_meter.h"
+#include "leantrain/trainers/precision.h"
+
+namespace {
+
+struct Options {
+  std::string model = "all";
+  int steps = 2, micro = 8, seq = 512, layers = 12, image = 224;
+  std::string out;
+};
+
+struct Row {
+  std::string model, precision, policy;
+  int64_t act_bytes = 0;
+  double step_s = 0;
+};
+
+Row measure(const lt::ModelConfig& cfg, const std::string& precision, const std::string& policy, const Options& o) {
+  torch::manual_seed(0);
+  auto model = lt::models::build_model(cfg);
+  model->train();
+  lt::models::apply_checkpoint_policy(*model, lt::models::CheckpointPolicy::parse(policy));
+  torch::Tensor x, y;
+  if (cfg.kind == "gpt" || cfg.kind == "bert") {
+    x = torch::randint(0, cfg.vocab_size, {o.micro, cfg.seq_len});
+    y = torch::randint(0, cfg.vocab_size, {o.micro, cfg.seq_len});
+  } else {
+    x = torch::randn({o.micro, cfg.in_channels, cfg.image_size, cfg.image_size});
+    y = torch::randint(0, cfg.num_classes, {o.micro});
+  }
+  lt::MemoryMeter meter(-1);
+  auto step = [&] {
+    torch::Tensor loss;
+    {
+      lt::trainers::AutocastGuard ac(precision, torch::kCPU);
+      loss = lt::models::compute_loss(model->task(), model->forward(x).to(torch::kFloat), y);
+    }
+    loss.backward();
+  };
+  step();  // warm-up: allocates gradients, primes oneDNN
+  Row r{cfg.kind == "gpt" ? "GPT-" + std::to_string(cfg.n_layer) + "L d" + std::to_string(cfg.d_model) : "ResNet-50",
+        precision, policy};
+  double total = 0;
+  for (int i = 0; i < o.steps; ++i) {
+    meter.reset_peak();
+    const int64_t base = meter.stats().current_bytes;
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.act_bytes = std::max(r.act_bytes, meter.stats().peak_bytes - base);
+  }
+  r.step_s = total / o.steps;
+  std::fprintf(stderr, "  %s %s %s: activations %s, step %.2f s\n", r.model.c_str(), precision.c_str(),
+               policy.c_str(), lt::format_bytes(r.act_bytes).c_str(), r.step_s);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") o.model = v;
+    else if (k == "--steps") o.steps = std::stoi(v);
+    else if (k == "--micro") o.micro = std::stoi(v);
+    else if (k == "--seq") o.seq = std::stoi(v);
+    else if (k == "--layers") o.layers = std::stoi(v);
+    else if (k == "--image") o.image = std::stoi(v);
+    else if (k == "--out") o.out = v;
+    else {
+      std::cerr << "unknown option " << k << "\n";
+      return 2;
+    }
+  }
+  torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  lt::MemoryMeter::install_cpu_tracking();
+  std::vector<lt::ModelConfig> models;
+  if (o.model == "gpt" || o.model == "all") {
+    lt::ModelConfig g;
+    g.kind = "gpt";
+    g.vocab_size = 50257;
+    g.seq_len = o.seq;
+    g.n_layer = o.layers;
+    g.n_head = 12;
+    g.d_model = 768;
+    g.dropout = 0.1;
+    models.push_back(g);
+  }
+  if (o.model == "resnet50" || o.model == "all") {
+    lt::ModelConfig r;
+    r.kind = "resnet";
+    r.depth = 50;
+    r.in_channels = 3;
+    r.image_size = o.image;
+    r.num_classes = 1000;
+    models.push_back(r);
+  }
+  std::ostringstream md;
+  md << "| model | precision | checkpoint | activations | vs fp32/none | step s | vs none (same precision) |\n"
+     << "|---|---|---|---|---|---|---|\n";
+  for (const auto& cfg : models) {
+    std::vector<Row> rows;
+    for (const char* prec : {"fp32", "bf16"})
+      for (const char* pol : {"none", "selective", "full"}) rows.push_back(measure(cfg, prec, pol, o));
+    for (const auto& r : rows) {
+      const Row& base = rows[0];
+      const Row& same_none = r.precision == "fp32" ? rows[0] : rows[3];
+      char line[256];
+      std::snprintf(line, sizeof(line), "| %s | %s | %s | %s | %.2fx | %.2f | %.2fx |\n", r.model.c_str(),
+                    r.precision.c_str(), r.policy.c_str(), lt::format_bytes(r.act_bytes).c_str(),
+                    static_cast<double>(r.act_bytes) / static_cast<double>(base.act_bytes), r.step_s,
+                    r.step_s / same_none.step_s);
+      md << line;
+    }
+  }
+  std::cout << md.str();
+  if (!o.out.empty()) std::ofstream(o.out) << md.str();
+  return 0;
+}
