@@ -3,7 +3,10 @@
 // (activations: fp32 + none; step time: the same precision with none).
 //
 //   build/bin/leantrain_bench_memory [--model gpt|resnet50|all] [--steps N] [--micro N] [--seq N]
-//                                    [--layers N] [--out FILE.md]
+//                                    [--layers N] [--image N] [--precisions fp32,bf16] [--out FILE.md]
+//
+// bf16 on a CPU without AVX-512 BF16 runs LibTorch's reference GEMM (very slow): there,
+// measure bf16 at a reduced size or on a GPU.
 //
 // Activation memory = the step's peak allocated bytes above what is allocated before the
 // forward pass (parameters, gradients kept from the warm-up step, optimizer-free).
@@ -21,6 +24,7 @@
 #include "leantrain/models/activation_checkpoint.h"
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/memory_meter.h"
+#include "leantrain/runtime/runtime_context.h"
 #include "leantrain/trainers/precision.h"
 
 namespace {
@@ -29,6 +33,7 @@ struct Options {
   std::string model = "all";
   int steps = 2, micro = 8, seq = 512, layers = 12, image = 224;
   std::string out;
+  std::vector<std::string> precisions = {"fp32", "bf16"};
 };
 
 struct Row {
@@ -90,12 +95,18 @@ int main(int argc, char** argv) {
     else if (k == "--layers") o.layers = std::stoi(v);
     else if (k == "--image") o.image = std::stoi(v);
     else if (k == "--out") o.out = v;
+    else if (k == "--precisions") {
+      o.precisions.clear();
+      std::stringstream ss(v);
+      for (std::string p; std::getline(ss, p, ',');) o.precisions.push_back(p);
+    }
     else {
       std::cerr << "unknown option " << k << "\n";
       return 2;
     }
   }
   torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  lt::keep_freed_memory_for_reuse();
   lt::MemoryMeter::install_cpu_tracking();
   std::vector<lt::ModelConfig> models;
   if (o.model == "gpt" || o.model == "all") {
@@ -123,16 +134,18 @@ int main(int argc, char** argv) {
      << "|---|---|---|---|---|---|---|\n";
   for (const auto& cfg : models) {
     std::vector<Row> rows;
-    for (const char* prec : {"fp32", "bf16"})
+    for (const auto& prec : o.precisions)
       for (const char* pol : {"none", "selective", "full"}) rows.push_back(measure(cfg, prec, pol, o));
     for (const auto& r : rows) {
       const Row& base = rows[0];
-      const Row& same_none = r.precision == "fp32" ? rows[0] : rows[3];
+      const Row* same_none = &rows[0];
+      for (const auto& c : rows)
+        if (c.precision == r.precision && c.policy == "none") same_none = &c;
       char line[256];
       std::snprintf(line, sizeof(line), "| %s | %s | %s | %s | %.2fx | %.2f | %.2fx |\n", r.model.c_str(),
                     r.precision.c_str(), r.policy.c_str(), lt::format_bytes(r.act_bytes).c_str(),
                     static_cast<double>(r.act_bytes) / static_cast<double>(base.act_bytes), r.step_s,
-                    r.step_s / same_none.step_s);
+                    r.step_s / same_none->step_s);
       md << line;
     }
   }

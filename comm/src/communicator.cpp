@@ -1,5 +1,6 @@
 #include "leantrain/comm/communicator.h"
 
+#include "leantrain/comm/mpi_communicator.h"
 #include "leantrain/runtime/errors.h"
 
 namespace lt::comm {
@@ -10,10 +11,16 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& cfg, const Run
     return std::make_unique<LocalCommunicator>();
   if (cfg.backend == "local")
     throw ConfigError("comm.backend = 'local' cannot serve a world of " + std::to_string(world) +
-                      " ranks; use 'auto'");
-  throw ConfigError("comm.backend = '" + cfg.backend + "' for a world of " + std::to_string(world) +
-                    " ranks: multi-rank training is not available in this build yet "
-                    "(run one process, without mpirun)");
+                      " ranks; use 'auto' or 'mpi'");
+  if (cfg.backend == "nccl")
+    throw ConfigError("comm.backend = 'nccl': the NCCL backend is not built yet; use 'auto' or 'mpi' "
+                      "(CUDA tensors then travel through host memory)");
+  auto comm = std::make_unique<MpiCommunicator>(cfg.timeout_s, ctx.world.host);
+  if (comm->size() != world || comm->rank() != ctx.world.rank)
+    throw ConfigError("the launcher's environment says rank " + std::to_string(ctx.world.rank) + " of " +
+                      std::to_string(world) + " but MPI says rank " + std::to_string(comm->rank()) + " of " +
+                      std::to_string(comm->size()) + " (start ranks with mpirun or srun --mpi=pmix)");
+  return comm;
 }
 
 }  // namespace lt::comm

@@ -3,6 +3,9 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <malloc.h>
+
+#include <climits>
 #include <thread>
 
 #include "leantrain/runtime/errors.h"
@@ -15,7 +18,13 @@ int cuda_device_count() {
 
 std::string torch_version() { return TORCH_VERSION; }
 
+void keep_freed_memory_for_reuse() {
+  mallopt(M_MMAP_THRESHOLD, INT_MAX);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+}
+
 RuntimeContext make_runtime_context(const Config& cfg, const World& world) {
+  keep_freed_memory_for_reuse();
   RuntimeContext ctx;
   ctx.world = world;
   const int gpus = cfg.train.device == "cpu" ? 0 : cuda_device_count();

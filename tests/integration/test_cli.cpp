@@ -41,9 +41,11 @@ class Cli : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  Result run(const std::string& args) {
+  Result run(const std::string& args) { return run_cmd(std::string(LEANTRAIN_BINARY) + " " + args); }
+
+  Result run_cmd(const std::string& command) {
     const auto out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string cmd = std::string(LEANTRAIN_BINARY) + " " + args + " >" + out.string() + " 2>" + err.string() + " </dev/null";
+    const std::string cmd = command + " >" + out.string() + " 2>" + err.string() + " </dev/null";
     const int status = std::system(cmd.c_str());
     Result r;
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -190,6 +192,79 @@ TEST_F(Cli, Fp16RunsWithLossScaleInMetrics) {
   std::string line;
   std::getline(in, line);
   EXPECT_EQ(nlohmann::json::parse(line)["loss_scale"].get<double>(), 65536.0);
+}
+
+// Per-step losses and the final eval loss of a run directory.
+std::pair<std::vector<double>, double> losses_of(const fs::path& run_dir) {
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  std::vector<double> steps;
+  double eval = -1;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] == "step") steps.push_back(j["loss"].get<double>());
+    if (j["event"] == "epoch") eval = j["eval_loss"].get<double>();
+  }
+  return {steps, eval};
+}
+
+// Data parallelism is exact: 2 ranks x micro m x accumulation k, 1 rank x m x 2k and
+// 1 rank x 2m x k see the same samples per step and average the same gradients (fp32,
+// dropout 0), so they log the same losses and end at the same weights (compared through
+// the eval loss, a function of every weight).
+TEST_F(Cli, TwoRanksMatchOneRankUnderMpirun) {
+  std::ofstream(dir_ / "tiny.toml") << R"([model]
+kind = "gpt"
+vocab_size = 64
+seq_len = 32
+n_layer = 2
+n_head = 2
+d_model = 32
+dropout = 0.0
+[data]
+kind = "synthetic"
+synthetic_samples = 512
+[train]
+global_batch = 16
+steps = 10
+lr = 3e-3
+warmup_steps = 2
+eval_max_batches = 2
+eval_batch = 32
+threads = 1
+[log]
+progress = "none"
+)";
+  const std::string cfg = (dir_ / "tiny.toml").string();
+  const std::string mpi = std::string(LEANTRAIN_MPIEXEC) +
+                          " -n 2 --oversubscribe --allow-run-as-root --mca mpi_yield_when_idle 1 " +
+                          "-x MALLOC_MMAP_THRESHOLD_=4294967295 ";
+  auto two = run_cmd(mpi + LEANTRAIN_BINARY + " train --config " + cfg +
+                     " --set train.micro_batch=4 --out " + (dir_ / "two").string());
+  ASSERT_EQ(two.code, 0) << two.err;
+  EXPECT_NE(two.err.find("world 2"), std::string::npos) << two.err;
+  auto a = run("train --config " + cfg + " --set train.micro_batch=4 --out " + (dir_ / "one_4x4").string());
+  ASSERT_EQ(a.code, 0) << a.err;
+  auto b = run("train --config " + cfg + " --set train.micro_batch=8 --out " + (dir_ / "one_8x2").string());
+  ASSERT_EQ(b.code, 0) << b.err;
+  const auto [l2, e2] = losses_of(dir_ / "two");
+  ASSERT_EQ(l2.size(), 10u);
+  for (const auto& other : {"one_4x4", "one_8x2"}) {
+    const auto [l1, e1] = losses_of(dir_ / other);
+    ASSERT_EQ(l1.size(), 10u) << other;
+    for (size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l2[i], l1[i], 1e-5 * std::abs(l1[i])) << other << " step " << i + 1;
+    EXPECT_NEAR(e2, e1, 1e-5 * std::abs(e1)) << other;
+  }
+  EXPECT_LT(l2.back(), l2.front());  // and it trained
+}
+
+TEST_F(Cli, MpirunWithIndivisibleBatchExitsTwoOnEveryRank) {
+  const std::string mpi = std::string(LEANTRAIN_MPIEXEC) + " -n 2 --oversubscribe --allow-run-as-root ";
+  auto r = run_cmd(mpi + LEANTRAIN_BINARY + " train --config " + demo() +
+                   " --set train.global_batch=96 --set train.micro_batch=64 --out " + (dir_ / "x").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("train.global_batch = 96"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("x 2 = 128"), std::string::npos) << r.err;
 }
 
 }  // namespace

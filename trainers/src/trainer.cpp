@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "leantrain/comm/grad_sync.h"
 #include "leantrain/data/data.h"
 #include "leantrain/models/activation_checkpoint.h"
 #include "leantrain/models/model.h"
@@ -128,6 +129,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     auto d = p.data();
     comm.broadcast(d, 0);
   }
+  for (auto& b : model->buffers()) comm.broadcast(b, 0);
   auto optimizer = make_optimizer(t, *model);
   LossScaler scaler(cfg.precision, cfg.precision.mode == "fp16", device);
 
@@ -163,6 +165,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   std::vector<int64_t> perm;
   int64_t perm_epoch = -1;
   const auto params = model->parameters();
+  comm::GradientSync grad_sync(params, cfg.comm.first_bucket_mb, cfg.comm.bucket_mb);
   int64_t param_bytes = 0;
   for (const auto& p : params) param_bytes += static_cast<int64_t>(p.nbytes());
   int64_t epoch_act_peak = 0;
@@ -203,12 +206,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     }
     double comm_time = 0;
     if (world > 1) {
+      // Once per optimizer step, after the last micro-batch: no communication before.
       const auto c0 = Clock::now();
-      for (auto& p : params)
-        if (p.grad().defined()) {
-          auto g = p.grad();
-          comm.allreduce_sum(g);
-        }
+      grad_sync.all_reduce(comm);
       comm_time = seconds_since(c0);
     }
     int64_t grad_bytes = 0;

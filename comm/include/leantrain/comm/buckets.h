@@ -2,6 +2,7 @@
 // Gradient bucketing as a pure function (c10d's compute_bucket_assignment_by_size): which
 // gradients travel together in one all-reduce. Torch-free so it is tested without any
 // process group.
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

@@ -16,6 +16,13 @@
 
 namespace lt::comm {
 
+/// What a communicator has carried (for the counting tests and the comm metrics).
+struct CommStats {
+  int64_t allreduce_calls = 0;  // one per tensor all-reduced
+  int64_t allreduce_bytes = 0;
+  int64_t broadcast_calls = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -24,11 +31,20 @@ class Communicator {
   virtual std::string backend() const = 0;
   /// Sums `t` over ranks, in place.
   virtual void allreduce_sum(torch::Tensor& t) = 0;
+  /// Sums several tensors; backends start all of them before waiting for any.
+  virtual void allreduce_sum_many(std::vector<torch::Tensor>& tensors) {
+    for (auto& t : tensors) allreduce_sum(t);
+  }
   /// Overwrites `t` on every rank with root's values.
   virtual void broadcast(torch::Tensor& t, int root) = 0;
   /// Returns every rank's `t`, in rank order.
   virtual std::vector<torch::Tensor> allgather(const torch::Tensor& t) = 0;
   virtual void barrier() = 0;
+
+  const CommStats& stats() const { return stats_; }
+
+ protected:
+  CommStats stats_;
 };
 
 /// The single-process backend: a world of one, every collective an identity.
@@ -37,13 +53,17 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string backend() const override { return "local"; }
-  void allreduce_sum(torch::Tensor&) override {}
-  void broadcast(torch::Tensor&, int) override {}
+  void allreduce_sum(torch::Tensor& t) override {
+    ++stats_.allreduce_calls;
+    stats_.allreduce_bytes += static_cast<int64_t>(t.nbytes());
+  }
+  void broadcast(torch::Tensor&, int) override { ++stats_.broadcast_calls; }
   std::vector<torch::Tensor> allgather(const torch::Tensor& t) override { return {t.clone()}; }
   void barrier() override {}
 };
 
-/// Picks the backend from comm.backend and the world (auto: local for a world of one).
+/// Picks the backend from comm.backend and the world: auto is local for a world of one and
+/// MPI otherwise (NCCL is not built yet: CUDA tensors travel through host staging).
 /// Throws ConfigError naming comm.backend when the choice cannot work here.
 std::unique_ptr<Communicator> make_communicator(const CommConfig& cfg, const RuntimeContext& ctx);
 

@@ -25,6 +25,11 @@ struct RuntimeContext {
 /// starts with one thread on these machines).
 RuntimeContext make_runtime_context(const Config& cfg, const World& world);
 
+/// Makes glibc keep freed memory for reuse instead of returning large blocks to the kernel:
+/// on these VMs fresh pages fault in at ~0.3 GB/s, which made big tensors (logits,
+/// activations) cost more than the arithmetic on them. Called by make_runtime_context.
+void keep_freed_memory_for_reuse();
+
 /// Number of CUDA devices LibTorch can use (0 without a driver).
 int cuda_device_count();
 

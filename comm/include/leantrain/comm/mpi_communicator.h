@@ -1,0 +1,36 @@
+#pragma once
+// The MPI backend (CPU collectives; CUDA tensors through host staging). MPI's headers stay
+// in the .cpp: callers see only the Communicator interface.
+#include <string>
+
+#include "leantrain/comm/communicator.h"
+
+namespace lt::comm {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  /// Initialises MPI unless the host program did. A collective that does not complete
+  /// within timeout_s is reported (collective, bytes, rank, host) and aborts the job.
+  MpiCommunicator(double timeout_s, std::string host);
+  ~MpiCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+  void allreduce_sum(torch::Tensor& t) override;
+  void allreduce_sum_many(std::vector<torch::Tensor>& tensors) override;
+  void broadcast(torch::Tensor& t, int root) override;
+  std::vector<torch::Tensor> allgather(const torch::Tensor& t) override;
+  void barrier() override;
+
+ private:
+  void wait(void* request, const char* what, int64_t bytes);
+  torch::Tensor host_buffer(const torch::Tensor& t, bool& staged) const;
+
+  double timeout_s_;
+  std::string host_;
+  int rank_ = 0, size_ = 1;
+  bool owns_mpi_ = false;
+};
+
+}  // namespace lt::comm

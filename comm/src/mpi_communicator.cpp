@@ -1,0 +1,132 @@
+// The MPI backend: CPU tensors directly, CUDA tensors through host staging (Open MPI from
+// Debian is not CUDA-aware). Every collective is non-blocking plus a test loop with a
+// deadline: Open MPI gives survivors no error when a peer is stuck, so an application
+// deadline followed by MPI_Abort is the only way a stuck job ends (MACHINE-NOTES.md).
+#include "leantrain/comm/mpi_communicator.h"
+
+#include <mpi.h>
+#include <sched.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "leantrain/runtime/errors.h"
+#include "leantrain/runtime/log.h"
+
+namespace lt::comm {
+namespace {
+
+MPI_Datatype mpi_type(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return MPI_FLOAT;
+    case torch::kDouble: return MPI_DOUBLE;
+    case torch::kInt: return MPI_INT;
+    case torch::kLong: return MPI_INT64_T;
+    case torch::kByte: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(double timeout_s, std::string host) : timeout_s_(timeout_s), host_(std::move(host)) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    owns_mpi_ = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_mpi_ && !finalized) MPI_Finalize();
+}
+
+void MpiCommunicator::wait(void* request, const char* what, int64_t bytes) {
+  auto* req = static_cast<MPI_Request*>(request);
+  const auto t0 = std::chrono::steady_clock::now();
+  int done = 0;
+  while (true) {
+    MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (waited > timeout_s_) {
+      // A peer is gone or stuck; no error will ever arrive. Say who and what, then end the job.
+      lt::log::error(std::string("collective ") + what + " (" + std::to_string(bytes) + " bytes) on rank " +
+                     std::to_string(rank_) + " host " + host_ + " did not complete within comm.timeout_s = " +
+                     std::to_string(timeout_s_) + " s: a peer rank is dead or stuck; aborting the job");
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    sched_yield();
+  }
+}
+
+torch::Tensor MpiCommunicator::host_buffer(const torch::Tensor& t, bool& staged) const {
+  staged = !t.is_cpu() || mpi_type(t.scalar_type()) == MPI_DATATYPE_NULL || !t.is_contiguous();
+  if (!staged) return t;
+  // bf16/fp16 have no MPI type: reduce in fp32 (exact for sums of a few terms, and what
+  // gradient buckets carry anyway).
+  auto type = mpi_type(t.scalar_type()) == MPI_DATATYPE_NULL ? torch::kFloat : t.scalar_type();
+  return t.to(torch::TensorOptions().device(torch::kCPU).dtype(type)).contiguous();
+}
+
+void MpiCommunicator::allreduce_sum(torch::Tensor& t) {
+  std::vector<torch::Tensor> one{t};
+  allreduce_sum_many(one);
+}
+
+void MpiCommunicator::allreduce_sum_many(std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> bufs;
+  std::vector<char> staged(tensors.size());
+  std::vector<MPI_Request> reqs(tensors.size());
+  int64_t bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    bool s = false;
+    bufs.push_back(host_buffer(tensors[i], s));
+    staged[i] = s;
+    bytes += static_cast<int64_t>(bufs[i].nbytes());
+    MPI_Iallreduce(MPI_IN_PLACE, bufs[i].data_ptr(), static_cast<int>(bufs[i].numel()),
+                   mpi_type(bufs[i].scalar_type()), MPI_SUM, MPI_COMM_WORLD, &reqs[i]);
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) wait(&reqs[i], "all-reduce", static_cast<int64_t>(bufs[i].nbytes()));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (staged[i]) tensors[i].copy_(bufs[i]);
+  stats_.allreduce_calls += static_cast<int64_t>(tensors.size());
+  stats_.allreduce_bytes += bytes;
+}
+
+void MpiCommunicator::broadcast(torch::Tensor& t, int root) {
+  bool staged = false;
+  auto buf = host_buffer(t, staged);
+  MPI_Request req;
+  MPI_Ibcast(buf.data_ptr(), static_cast<int>(buf.numel()), mpi_type(buf.scalar_type()), root, MPI_COMM_WORLD, &req);
+  wait(&req, "broadcast", static_cast<int64_t>(buf.nbytes()));
+  if (staged) t.copy_(buf);
+  ++stats_.broadcast_calls;
+}
+
+std::vector<torch::Tensor> MpiCommunicator::allgather(const torch::Tensor& t) {
+  bool staged = false;
+  auto buf = host_buffer(t, staged);
+  auto out = torch::empty({size_, buf.numel()}, buf.options());
+  MPI_Request req;
+  MPI_Iallgather(buf.data_ptr(), static_cast<int>(buf.numel()), mpi_type(buf.scalar_type()), out.data_ptr(),
+                 static_cast<int>(buf.numel()), mpi_type(buf.scalar_type()), MPI_COMM_WORLD, &req);
+  wait(&req, "all-gather", static_cast<int64_t>(out.nbytes()));
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < size_; ++r) parts.push_back(out[r].view(t.sizes()).to(t.options()));
+  return parts;
+}
+
+void MpiCommunicator::barrier() {
+  MPI_Request req;
+  MPI_Ibarrier(MPI_COMM_WORLD, &req);
+  wait(&req, "barrier", 0);
+}
+
+}  // namespace lt::comm
