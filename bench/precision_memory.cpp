@@ -60,7 +60,7 @@ Row measure(const lt::ModelConfig& cfg, const std::string& precision, const std:
     torch::Tensor loss;
     {
       lt::trainers::AutocastGuard ac(precision, torch::kCPU);
-      loss = lt::models::compute_loss(model->task(), model->forward(x).to(torch::kFloat), y);
+      loss = model->forward_loss(x, y);
     }
     loss.backward();
   };

@@ -163,6 +163,37 @@ torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& input
   return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(params), rc)[0];
 }
 
+// Note [Chunked LM loss]
+// With every block checkpointed, what remains of a language model's activations is its
+// head: [B,T,V] logits and cross-entropy's log-softmax of them, in fp32 — for GPT-2 at
+// B=8, T=512 that is 1.6 GB, more than all checkpointed block inputs together. Splitting
+// the tokens into chunks, each chunk's head + summed cross-entropy under checkpoint(),
+// keeps one chunk's logits alive at a time in forward and in backward, for the cost of
+// recomputing the head matmul once.
+torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& target,
+                              const std::vector<torch::Tensor>& params,
+                              const std::function<torch::Tensor(const torch::Tensor&)>& head,
+                              int64_t chunk_tokens) {
+  auto h = hidden.reshape({-1, hidden.size(-1)});
+  auto t = target.reshape({-1});
+  const int64_t n = h.size(0);
+  const auto count = (t != kIgnoreIndex).sum().clamp_min(1).to(torch::kFloat);
+  torch::Tensor total;
+  for (int64_t start = 0; start < n; start += chunk_tokens) {
+    const int64_t len = std::min(chunk_tokens, n - start);
+    auto tc = t.narrow(0, start, len);
+    auto part = checkpoint(
+        [head, tc](const std::vector<torch::Tensor>& in) {
+          return torch::nn::functional::cross_entropy(
+              head(in[0]).to(torch::kFloat), tc,
+              torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
+        },
+        {h.narrow(0, start, len)}, params);
+    total = total.defined() ? total + part : part;
+  }
+  return total / count;
+}
+
 CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
   CheckpointPolicy p;
   if (text == "none") return p;
@@ -202,6 +233,8 @@ std::string CheckpointPolicy::to_string() const {
 }
 
 void apply_checkpoint_policy(Model& model, const CheckpointPolicy& policy) {
+  const bool whole_blocks = policy.kind == CheckpointPolicy::Kind::kFull || policy.kind == CheckpointPolicy::Kind::kEvery;
+  model.set_loss_chunk_tokens(whole_blocks ? -1 : 0);
   bool has_attention = false;
   for (auto& m : model.modules(/*include_self=*/false))
     if (auto* att = dynamic_cast<SelfAttentionImpl*>(m.get())) {

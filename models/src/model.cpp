@@ -122,6 +122,16 @@ int64_t count_parameters(const torch::nn::Module& m) {
   return n;
 }
 
+torch::Tensor Model::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
+  return compute_loss(task(), forward(input).to(torch::kFloat), target);
+}
+
+int64_t Model::loss_chunk_tokens(int64_t vocab) const {
+  if (loss_chunk_tokens_ == 0 || !is_training() || !torch::GradMode::is_enabled()) return 0;
+  if (loss_chunk_tokens_ > 0) return loss_chunk_tokens_;
+  return std::max<int64_t>(64, (int64_t{64} << 20) / (4 * vocab));
+}
+
 torch::Tensor compute_loss(Task task, const torch::Tensor& logits, const torch::Tensor& target) {
   if (task == Task::kClassify) {
     TORCH_CHECK(logits.dim() == 2, "compute_loss(classify): logits must be [B,K], got ",

@@ -6,6 +6,7 @@
 
 #include "leantrain/models/attention.h"
 #include "leantrain/models/bert.h"
+#include "leantrain/models/activation_checkpoint.h"
 #include "leantrain/models/gpt.h"
 
 namespace lt::models {
@@ -120,11 +121,23 @@ GPT::GPT(const lt::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dropo
   init_transformer_weights(*this);
 }
 
-torch::Tensor GPT::forward(const torch::Tensor& input) {
+torch::Tensor GPT::hidden(const torch::Tensor& input) {
   auto pos = check_ids(input, seq_len_, "GPT");
   auto x = torch::dropout(wte(input) + wpe(pos), dropout_, is_training());
   for (size_t i = 0; i < blocks().size(); ++i) x = run_block(i, x);
-  return torch::linear(ln_f(x), wte->weight);  // tied head: x @ wte^T
+  return ln_f(x);
+}
+
+torch::Tensor GPT::forward(const torch::Tensor& input) {
+  return torch::linear(hidden(input), wte->weight);  // tied head: x @ wte^T
+}
+
+torch::Tensor GPT::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
+  const int64_t chunk = loss_chunk_tokens(wte->weight.size(0));
+  if (chunk == 0) return Model::forward_loss(input, target);
+  auto w = wte->weight;
+  return chunked_lm_loss(hidden(input), target, {w}, [w](const torch::Tensor& h) { return torch::linear(h, w); },
+                         chunk);
 }
 
 // ---- BERT ----
@@ -170,12 +183,25 @@ Bert::Bert(const lt::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dro
   mlm->bias.zero_();
 }
 
-torch::Tensor Bert::forward(const torch::Tensor& input) {
+torch::Tensor Bert::hidden(const torch::Tensor& input) {
   auto pos = check_ids(input, seq_len_, "BERT");
   auto x = tok_emb(input) + pos_emb(pos) + type_emb->weight[0];
   x = torch::dropout(emb_ln(x), dropout_, is_training());
   for (size_t i = 0; i < blocks().size(); ++i) x = run_block(i, x);
-  return mlm->forward(x, tok_emb->weight);
+  return x;
+}
+
+torch::Tensor Bert::forward(const torch::Tensor& input) { return mlm->forward(hidden(input), tok_emb->weight); }
+
+torch::Tensor Bert::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
+  const int64_t chunk = loss_chunk_tokens(tok_emb->weight.size(0));
+  if (chunk == 0) return Model::forward_loss(input, target);
+  auto params = mlm->parameters();
+  params.push_back(tok_emb->weight);
+  auto head = mlm;
+  auto w = tok_emb->weight;
+  return chunked_lm_loss(hidden(input), target, params,
+                         [head, w](const torch::Tensor& h) { return head->forward(h, w); }, chunk);
 }
 
 }  // namespace lt::models

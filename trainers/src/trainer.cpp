@@ -197,8 +197,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       torch::Tensor loss;
       {
         AutocastGuard ac(cfg.precision.mode, device.type());
-        auto logits = model->forward(batch.input.to(device));
-        loss = models::compute_loss(model->task(), logits.to(torch::kFloat), batch.target.to(device));
+        loss = model->forward_loss(batch.input.to(device), batch.target.to(device));
       }
       // Gradients average over the whole global batch: world x accumulation micro-batches.
       scaler.scale(loss / static_cast<double>(accum * world)).backward();

@@ -25,6 +25,14 @@ torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& input
                          const std::vector<torch::Tensor>& params,
                          torch::nn::Module* buffers_of = nullptr);
 
+/// Mean cross-entropy of head(hidden) against target (ignore_index -100), computed in
+/// checkpointed chunks of `chunk_tokens` tokens: only one chunk's logits exist at a time,
+/// in forward and in backward. `params` are the head's parameters.
+torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& target,
+                              const std::vector<torch::Tensor>& params,
+                              const std::function<torch::Tensor(const torch::Tensor&)>& head,
+                              int64_t chunk_tokens);
+
 /// A checkpoint policy parsed from memory.activation_checkpoint.
 struct CheckpointPolicy {
   enum class Kind { kNone, kFull, kEvery, kSelective } kind = Kind::kNone;
@@ -37,7 +45,8 @@ struct CheckpointPolicy {
   std::string to_string() const;
 };
 
-/// Installs the policy on a model: full/every:K wrap whole blocks in checkpoint();
+/// Installs the policy on a model: full/every:K wrap whole blocks in checkpoint() and chunk
+/// language models' head + loss (chunked_lm_loss);
 /// selective recomputes only the cheap, large intermediates (attention scores, softmax and
 /// dropout for GPT/BERT — Megatron-LM's selective recompute; the BatchNorm+ReLU outputs
 /// are not separable in our ResNet blocks, so ResNet and MLP checkpoint every other block).

@@ -64,7 +64,10 @@ class Bert : public Model {
  public:
   explicit Bert(const lt::ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& input) override;
+  torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target) override;
   Task task() const override { return Task::kMaskedLM; }
+  /// The encoder output before the masked-LM head, [B,T,D].
+  torch::Tensor hidden(const torch::Tensor& input);
 
   torch::nn::Embedding tok_emb{nullptr};
   torch::nn::Embedding pos_emb{nullptr};

@@ -48,7 +48,10 @@ class GPT : public Model {
  public:
   explicit GPT(const lt::ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& input) override;
+  torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target) override;
   Task task() const override { return Task::kCausalLM; }
+  /// The final hidden states ln_f(blocks(embeddings)), [B,T,D].
+  torch::Tensor hidden(const torch::Tensor& input);
 
   torch::nn::Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};

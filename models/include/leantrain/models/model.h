@@ -44,6 +44,14 @@ class Model : public torch::nn::Module {
   /// Returns logits: [B,T,V] for LMs, [B,num_classes] for classifiers.
   virtual torch::Tensor forward(const torch::Tensor& input) = 0;
   virtual Task task() const = 0;
+  /// The mean training loss of a batch (compute_loss on forward()'s logits in fp32).
+  /// Language models override it to split the head and cross-entropy into checkpointed
+  /// chunks of tokens when set_loss_chunk_tokens() asks for it: the [B,T,V] logits then
+  /// never exist at once (Note [Chunked LM loss] in activation_checkpoint.cpp).
+  virtual torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target);
+  /// 0: plain loss; n > 0: chunks of n tokens; -1: chunks sized so one chunk's fp32 logits
+  /// take about 64 MiB.
+  void set_loss_chunk_tokens(int64_t n) { loss_chunk_tokens_ = n; }
 
   /// The repeated blocks in forward order (the unit of activation checkpointing).
   const std::vector<std::shared_ptr<BlockImpl>>& blocks() const { return blocks_; }
@@ -64,6 +72,9 @@ class Model : public torch::nn::Module {
   }
   /// Runs block i on x, through the runner when one is set.
   torch::Tensor run_block(size_t i, const torch::Tensor& x);
+  /// Tokens per loss chunk for a head of `vocab` outputs, 0 when the loss is not chunked
+  /// (not requested, not training, or no autograd).
+  int64_t loss_chunk_tokens(int64_t vocab) const;
 
  private:
   torch::nn::ModuleList block_list(const std::string& name);
@@ -71,6 +82,7 @@ class Model : public torch::nn::Module {
   std::vector<std::shared_ptr<BlockImpl>> blocks_;
   std::map<std::string, torch::nn::ModuleList> block_lists_;
   BlockRunner runner_;
+  int64_t loss_chunk_tokens_ = 0;
 };
 
 /// Builds the model cfg.kind names (gpt | bert | resnet | mlp), initialised as documented in
