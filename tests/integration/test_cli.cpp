@@ -167,6 +167,21 @@ double final_eval_loss(const fs::path& run_dir) {
   return loss;
 }
 
+TEST_F(Cli, SgdWithMomentumTrains) {
+  const auto out = dir_ / "sgd";
+  auto r = run("train --config " + std::string(LEANTRAIN_SOURCE_DIR) + "/configs/fashion_mnist_mlp.toml" +
+               " --set train.optimizer=sgd --set train.lr=0.05 --set train.steps=40 --set train.eval_max_batches=4" +
+               " --set log.progress=none --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(out / "metrics.jsonl");
+  double acc = -1;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] == "epoch") acc = j["eval_accuracy"].get<double>();
+  }
+  EXPECT_GT(acc, 0.5);  // chance is 0.1
+}
+
 TEST_F(Cli, Bf16DemoEndsWithinTwoPercentOfFp32) {
   // The demo config, shortened: 60 steps, evaluation on 2,500 test images.
   const std::string common = "train --config " + demo() +
@@ -239,8 +254,10 @@ progress = "none"
   const std::string mpi = std::string(LEANTRAIN_MPIEXEC) +
                           " -n 2 --oversubscribe --allow-run-as-root --mca mpi_yield_when_idle 1 " +
                           "-x MALLOC_MMAP_THRESHOLD_=4294967295 ";
+  // Tiny buckets (8 KiB) so the model's gradients span several of them.
   auto two = run_cmd(mpi + LEANTRAIN_BINARY + " train --config " + cfg +
-                     " --set train.micro_batch=4 --out " + (dir_ / "two").string());
+                     " --set train.micro_batch=4 --set comm.first_bucket_mb=0.004 --set comm.bucket_mb=0.008" +
+                     " --out " + (dir_ / "two").string());
   ASSERT_EQ(two.code, 0) << two.err;
   EXPECT_NE(two.err.find("world 2"), std::string::npos) << two.err;
   auto a = run("train --config " + cfg + " --set train.micro_batch=4 --out " + (dir_ / "one_4x4").string());
@@ -249,6 +266,18 @@ progress = "none"
   ASSERT_EQ(b.code, 0) << b.err;
   const auto [l2, e2] = losses_of(dir_ / "two");
   ASSERT_EQ(l2.size(), 10u);
+  // Communication: none while micro-batches run, exactly one all-reduce per bucket per step.
+  std::ifstream in(dir_ / "two" / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] != "step") continue;
+    ++steps;
+    EXPECT_EQ(j["comm_calls_in_microbatches"].get<int64_t>(), 0) << line;
+    EXPECT_GE(j["grad_buckets"].get<int64_t>(), 3) << line;
+    EXPECT_EQ(j["grad_allreduce_calls"].get<int64_t>(), j["grad_buckets"].get<int64_t>()) << line;
+  }
+  EXPECT_EQ(steps, 10);
   for (const auto& other : {"one_4x4", "one_8x2"}) {
     const auto [l1, e1] = losses_of(dir_ / other);
     ASSERT_EQ(l1.size(), 10u) << other;

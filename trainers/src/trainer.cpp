@@ -41,24 +41,24 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, to
   // GPT-2/BERT convention every peer recipe follows).
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto build = [&](auto options_for) {
+    using Options = typename decltype(options_for(0.0))::element_type;
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, options_for(t.weight_decay));
+    groups.emplace_back(no_decay, options_for(0.0));
+    return std::make_pair(std::move(groups), Options(t.lr));
+  };
   if (t.optimizer == "adamw") {
-    auto opts = [&](double wd) {
+    auto [groups, defaults] = build([&](double wd) {
       return std::make_unique<torch::optim::AdamWOptions>(
           torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(wd));
-    };
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(decay, opts(t.weight_decay));
-    groups.emplace_back(no_decay, opts(0.0));
-    return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(t.lr));
+    });
+    return std::make_unique<torch::optim::AdamW>(std::move(groups), defaults);
   }
-  auto opts = [&](double wd) {
-    return std::make_unique<torch::optim::SGDOptions>(
-        torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(wd));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, opts(t.weight_decay));
-  groups.emplace_back(no_decay, opts(0.0));
-  return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(t.lr));
+  auto [groups, defaults] = build([&](double wd) {
+    return std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(wd));
+  });
+  return std::make_unique<torch::optim::SGD>(std::move(groups), defaults);
 }
 
 void set_lr(torch::optim::Optimizer& opt, double lr) {
@@ -189,6 +189,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
 
     double loss_sum = 0;
     int64_t tokens = 0;
+    const int64_t calls_at_step_start = comm.stats().allreduce_calls;
     for (int64_t j = 0; j < accum; ++j) {
       auto idx = data::micro_batch_indices(perm, k, t.micro_batch, accum, world, rank, j);
       auto batch = data.train->get(idx, epoch);
@@ -204,12 +205,15 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       loss_sum += loss.item<double>();
     }
     double comm_time = 0;
+    // Collectives issued while the micro-batches ran (must be none: accumulation is local).
+    const int64_t calls_in_microbatches = comm.stats().allreduce_calls - calls_at_step_start;
     if (world > 1) {
-      // Once per optimizer step, after the last micro-batch: no communication before.
+      // Once per optimizer step, after the last micro-batch: one all-reduce per bucket.
       const auto c0 = Clock::now();
       grad_sync.all_reduce(comm);
       comm_time = seconds_since(c0);
     }
+    const int64_t grad_allreduce_calls = comm.stats().allreduce_calls - calls_at_step_start - calls_in_microbatches;
     int64_t grad_bytes = 0;
     for (const auto& p : params)
       if (p.grad().defined()) grad_bytes += static_cast<int64_t>(p.grad().nbytes());
@@ -240,6 +244,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                       {"loss", loss_val},          {"lr", lr},
                       {"loss_scale", scale_used},         {"samples_per_s", sps},
                       {"step_time_s", step_time},  {"comm_time_s", comm_time},
+                      {"comm_calls_in_microbatches", calls_in_microbatches},
+                      {"grad_allreduce_calls", grad_allreduce_calls},
+                      {"grad_buckets", static_cast<int64_t>(grad_sync.num_buckets())},
                       {"peak_mem_bytes", peak},
                       {"mem_params_bytes", param_bytes},
                       {"mem_grads_bytes", grad_bytes},
