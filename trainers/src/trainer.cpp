@@ -74,7 +74,7 @@ EvalResult evaluate(models::Model& model, const data::Dataset& ds, const Config&
                     const torch::Device& device, int64_t epoch) {
   torch::NoGradGuard no_grad;
   model.eval();
-  double loss_sum = 0, count = 0, correct = 0;
+  auto acc = torch::zeros({3}, torch::TensorOptions().dtype(torch::kDouble).device(device));  // loss, count, correct
   const int64_t n = ds.size();
   const int64_t bs = cfg.train.eval_batch;
   int64_t batches = 0;
@@ -94,12 +94,15 @@ EvalResult evaluate(models::Model& model, const data::Dataset& ds, const Config&
     auto valid = tgt != -100;
     auto losses = torch::nn::functional::cross_entropy(
         flat, tgt, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
-    loss_sum += losses.item<double>();
-    count += valid.sum().item<double>();
-    correct += (flat.argmax(-1).eq(tgt) & valid).sum().item<double>();
+    acc[0] += losses.to(torch::kDouble);
+    acc[1] += valid.sum().to(torch::kDouble);
+    acc[2] += (flat.argmax(-1).eq(tgt) & valid).sum().to(torch::kDouble);
   }
   model.train();
   EvalResult r;
+  const auto totals = acc.cpu();
+  const double loss_sum = totals[0].item<double>(), count = totals[1].item<double>(),
+               correct = totals[2].item<double>();
   r.loss = count > 0 ? loss_sum / count : 0;
   if (model.task() != models::Task::kCausalLM) r.accuracy = count > 0 ? correct / count : 0;
   return r;
@@ -135,7 +138,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
 
   const int64_t accum = accumulation_steps(t, world);
   const int64_t n_train = data.train->size();
-  const int64_t steps_per_epoch = n_train / t.global_batch;
+  const int64_t steps_per_epoch = data::global_batches_per_epoch(n_train, t.global_batch);
   if (steps_per_epoch == 0)
     throw ConfigError("train.global_batch = " + std::to_string(t.global_batch) +
                       ": larger than the training set (" + std::to_string(n_train) + " samples)");
@@ -187,7 +190,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     // gradients plus the activations of one micro-batch.
     const int64_t step_base = meter.stats().current_bytes;
 
-    double loss_sum = 0;
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
     int64_t tokens = 0;
     const int64_t calls_at_step_start = comm.stats().allreduce_calls;
     for (int64_t j = 0; j < accum; ++j) {
@@ -202,7 +205,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       }
       // Gradients average over the whole global batch: world x accumulation micro-batches.
       scaler.scale(loss / static_cast<double>(accum * world)).backward();
-      loss_sum += loss.item<double>();
+      loss_sum += loss.detach();  // stays on the device: one host sync per step, below
     }
     double comm_time = 0;
     // Collectives issued while the micro-batches ran (must be none: accumulation is local).
@@ -225,12 +228,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                                      {"loss_scale", scale_used},
                                      {"new_loss_scale", scaler.scale_value()}});
 
-    double loss_val = loss_sum / static_cast<double>(accum);
-    if (world > 1) {
-      auto l = torch::tensor({loss_val}, torch::kDouble);
-      comm.allreduce_sum(l);
-      loss_val = l.item<double>() / world;
-    }
+    auto mean_loss = (loss_sum / static_cast<double>(accum * world)).reshape({1});
+    if (world > 1) comm.allreduce_sum(mean_loss);
+    const double loss_val = mean_loss.item<double>();
     if (!scaler.enabled() && !std::isfinite(loss_val))
       throw std::runtime_error("step " + std::to_string(step + 1) + ": the training loss is " +
                                std::to_string(loss_val) + " (lower train.lr or enable train.grad_clip)");
@@ -256,7 +256,6 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     if (tokens > 0) f.emplace_back("tokens_per_s", static_cast<double>(tokens * world) / step_time);
     metrics.event("step", f);
     progress.update(step + 1, loss_val, lr, sps);
-    if (step == 0) summary.first_loss = loss_val;
     summary.final_loss = loss_val;
     summary.steps = step + 1;
 

@@ -14,7 +14,6 @@ namespace lt::trainers {
 struct TrainSummary {
   int64_t steps = 0;
   int64_t epochs = 0;
-  double first_loss = 0;
   double final_loss = 0;       // training loss of the last step
   double eval_loss = 0;        // of the last evaluation
   double eval_accuracy = -1;   // classifiers and masked LMs; -1 when not applicable
