@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Starts leantrain under Open MPI with what users forget:
 #   - root: --allow-run-as-root;
-#   - more ranks than cores: --oversubscribe and mpi_yield_when_idle (spinning ranks
-#     otherwise starve each other: 87 ms vs 3.5 ms per collective on 2 cores);
-#   - TCP keepalive on the runtime's out-of-band channel, so a dead link ends the job in
-#     seconds instead of ~8 minutes;
+#   - more ranks per host than cores: --oversubscribe and mpi_yield_when_idle (spinning
+#     ranks otherwise starve each other: 87 ms vs 3.5 ms per collective on 2 cores);
+#   - --bind-to none unless the caller binds or maps: Open MPI binds each rank to ONE core
+#     when np <= 2, and leantrain runs cores/ranks intra-op threads per rank (a 64-core host
+#     with 2 ranks would run 32 threads on one core);
+#   - TCP keepalive on the runtime's out-of-band channel (oob_tcp_keepalive_*: first probe
+#     after 3 s idle, then every 1 s, 2 missed = dead), so a dead link ends the job in
+#     seconds instead of ~8 minutes (Open MPI 4.1 has no keepalive for the tcp BTL itself);
 #   - glibc keeps freed memory (fresh pages fault in slowly on VMs), forwarded to ranks.
 # Usage: cluster/mpirun.sh NP [mpirun options --] leantrain train --config ...
+# LT_RANKS_PER_HOST (default NP: one host) decides oversubscription on multi-host runs.
 set -euo pipefail
 np=${1:?usage: cluster/mpirun.sh NP [mpirun options --] COMMAND...}
 shift
@@ -15,11 +20,16 @@ if [[ " $* " == *" -- "* ]]; then
   while [ "$1" != "--" ]; do extra+=("$1"); shift; done
   shift
 fi
+per_host=${LT_RANKS_PER_HOST:-$np}
 opts=(-np "$np" --mca oob_tcp_keepalive_time 3 --mca oob_tcp_keepalive_intvl 1
       --mca oob_tcp_keepalive_probes 2
       -x MALLOC_MMAP_THRESHOLD_=4294967295 -x MALLOC_TRIM_THRESHOLD_=4294967295)
 [ "$(id -u)" = 0 ] && opts+=(--allow-run-as-root)
-if [ "$np" -gt "$(nproc)" ]; then
+if [ "$per_host" -gt "$(nproc)" ]; then
   opts+=(--oversubscribe --mca mpi_yield_when_idle 1)
+fi
+if [[ " ${extra[*]:-} " != *" --bind-to "* && " ${extra[*]:-} " != *" --map-by "* &&
+      " ${extra[*]:-} " != *" -bind-to "* && " ${extra[*]:-} " != *" -map-by "* ]]; then
+  opts+=(--bind-to none)
 fi
 exec mpirun "${opts[@]}" "${extra[@]}" "$@"

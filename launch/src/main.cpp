@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "leantrain/checkpoint_io/checkpoint.h"
 #include "leantrain/checkpoint_io/hdf5_info.h"
 #include "leantrain/comm/communicator.h"
 #include "leantrain/data/dataset.h"
@@ -36,7 +37,8 @@ std::string default_out_dir(const std::string& config_path) {
   return lt::files::join("runs", lt::files::stem(config_path));
 }
 
-int run_train(const std::string& config_path, const std::vector<std::string>& sets, std::string out) {
+int run_train(const std::string& config_path, const std::vector<std::string>& sets, std::string out,
+              const lt::trainers::StartOptions& start) {
   const lt::World world = lt::detect_world();
   lt::log::init(world.rank, world.size, false);
   lt::Config cfg = lt::load_config(config_path, sets);
@@ -45,11 +47,19 @@ int run_train(const std::string& config_path, const std::vector<std::string>& se
   const lt::RuntimeContext ctx = lt::make_runtime_context(cfg, world);
   auto comm = lt::comm::make_communicator(cfg.comm, ctx);
   if (out.empty()) out = default_out_dir(config_path);
-  const auto s = lt::trainers::run_training(cfg, ctx, *comm, out);
+  const auto s = lt::trainers::run_training(cfg, ctx, *comm, out, start);
+  if (s.preempted) return lt::kExitPreempted;
   std::string acc = s.eval_accuracy >= 0 ? ", eval accuracy " + std::to_string(100.0 * s.eval_accuracy) + "%" : "";
   lt::log::info("done: " + std::to_string(s.steps) + " steps in " + std::to_string(s.seconds) +
                 " s, final loss " + std::to_string(s.final_loss) + ", eval loss " +
                 std::to_string(s.eval_loss) + acc + "; metrics in " + out + "/metrics.jsonl");
+  return lt::kExitOk;
+}
+
+int run_inspect(const std::string& path, bool json) {
+  lt::log::init(0, 1, false);
+  const auto c = lt::checkpoint_io::read_checkpoint(path);
+  std::cout << lt::checkpoint_io::describe(c, path, json) << std::endl;
   return lt::kExitOk;
 }
 
@@ -68,6 +78,19 @@ int main(int argc, char** argv) {
   train->add_option("--set", sets, "Override a config key: section.key=value (repeatable)")
       ->allow_extra_args(false);
   train->add_option("--out", out_dir, "Output directory (default: runs/<config name>)");
+  lt::trainers::StartOptions start;
+  train->add_option("--resume", start.resume,
+                    "Resume from 'auto' (newest valid checkpoint of this run) or a checkpoint file");
+  train->add_option("--init-from", start.init_from,
+                    "Start from a checkpoint's model weights only (fresh optimizer, step 0)");
+  train->add_flag("--init-skip-mismatched", start.init_skip_mismatched,
+                  "With --init-from: skip (and list) tensors whose shapes differ, e.g. a new head");
+
+  std::string inspect_path;
+  bool inspect_json = false;
+  auto* inspect = app.add_subcommand("inspect", "Verify a checkpoint and print its summary");
+  inspect->add_option("checkpoint", inspect_path, "Checkpoint file (.h5)")->required();
+  inspect->add_flag("--json", inspect_json, "Print JSON for scripts");
 
   try {
     app.parse(argc, argv);
@@ -84,11 +107,22 @@ int main(int argc, char** argv) {
       std::cout << version_text() << std::endl;
       return lt::kExitOk;
     }
-    if (*train) return run_train(config_path, sets, out_dir);
+    if (*train) {
+      if (!start.resume.empty() && !start.init_from.empty())
+        throw lt::ConfigError("--resume and --init-from exclude each other: resume continues a run, "
+                              "--init-from starts a new one from its weights");
+      if (start.init_skip_mismatched && start.init_from.empty())
+        throw lt::ConfigError("--init-skip-mismatched needs --init-from");
+      return run_train(config_path, sets, out_dir, start);
+    }
+    if (*inspect) return run_inspect(inspect_path, inspect_json);
     std::cout << app.help() << std::endl;
     return lt::kExitUsage;
   } catch (const lt::ConfigError& e) {
     std::cerr << "leantrain: config error: " << e.what() << std::endl;
+    return lt::kExitUsage;
+  } catch (const lt::checkpoint_io::CheckpointError& e) {
+    std::cerr << "leantrain: checkpoint error: " << e.what() << std::endl;
     return lt::kExitUsage;
   } catch (const lt::DataError& e) {
     std::cerr << "leantrain: data error: " << e.what() << std::endl;

@@ -64,7 +64,7 @@ std::vector<Field> fields_of(Config& c) {
       {"memory", "activation_checkpoint", &mem.activation_checkpoint},
       {"memory", "budget", &mem.budget},
       {"checkpoint", "dir", &ck.dir}, {"checkpoint", "every_steps", &ck.every_steps},
-      {"checkpoint", "keep_last", &ck.keep_last},
+      {"checkpoint", "keep_last", &ck.keep_last}, {"checkpoint", "async", &ck.async},
       {"comm", "backend", &cm.backend}, {"comm", "bucket_mb", &cm.bucket_mb},
       {"comm", "first_bucket_mb", &cm.first_bucket_mb}, {"comm", "timeout_s", &cm.timeout_s},
       {"log", "every_steps", &l.every_steps}, {"log", "progress", &l.progress},

@@ -1,10 +1,12 @@
 #include "leantrain/runtime/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -59,11 +61,23 @@ void write_atomic(const std::string& path, const std::string& content) {
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const auto err = sys_error("cannot sync", tmp);
+  if (::close(fd) != 0) {
+    const auto err = sys_error("cannot write", tmp);
     ::unlink(tmp.c_str());
     throw err;
   }
+  commit_file(tmp, path);
+}
+
+void commit_file(const std::string& tmp, const std::string& path) {
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const auto err = sys_error("cannot sync", tmp);
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw err;
+  }
+  ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const auto err = sys_error("cannot rename into", path);
     ::unlink(tmp.c_str());
@@ -74,6 +88,24 @@ void write_atomic(const std::string& path, const std::string& content) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+int64_t file_size(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
 }
 
 void remove_tree(const std::string& path) {

@@ -14,6 +14,7 @@
 #include "leantrain/runtime/files.h"
 #include "leantrain/runtime/log.h"
 #include "leantrain/runtime/memory_meter.h"
+#include "leantrain/trainers/checkpointing.h"
 #include "leantrain/trainers/metrics.h"
 #include "leantrain/trainers/precision.h"
 #include "leantrain/trainers/progress.h"
@@ -111,7 +112,7 @@ EvalResult evaluate(models::Model& model, const data::Dataset& ds, const Config&
 }  // namespace
 
 TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Communicator& comm,
-                          const std::string& out_dir) {
+                          const std::string& out_dir, const StartOptions& start) {
   const auto& t = cfg.train;
   const int world = comm.size(), rank = comm.rank();
   const auto ckpt_policy = models::CheckpointPolicy::parse(cfg.memory.activation_checkpoint);
@@ -144,11 +145,68 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                       ": larger than the training set (" + std::to_string(n_train) + " samples)");
   const int64_t total_steps = t.steps > 0 ? t.steps : t.epochs * steps_per_epoch;
 
+  // Where the run starts: a full resume, weights only, or step 0.
+  const std::string ckpt_dir = checkpoint_dir(cfg, out_dir);
+  int64_t start_step = 0;
+  std::string resumed_from;
+  if (!start.init_from.empty()) {
+    auto c = checkpoint_io::read_checkpoint(start.init_from);
+    const auto skipped = checkpoint_io::check_model(c, model_tensors(*model), start.init_from, start.init_skip_mismatched);
+    std::map<std::string, torch::Tensor> saved;
+    for (auto& nt : c.model) saved[nt.name] = nt.tensor;
+    torch::NoGradGuard no_grad;
+    int64_t loaded = 0;
+    for (auto& nt : model_tensors(*model)) {
+      if (saved.at(nt.name).sizes() != nt.tensor.sizes()) continue;
+      nt.tensor.copy_(saved.at(nt.name));
+      ++loaded;
+    }
+    std::string msg = "initialised " + std::to_string(loaded) + " tensors from " + start.init_from + " (step " +
+                      std::to_string(c.step) + "); fresh optimizer, step 0";
+    if (!skipped.empty()) {
+      msg += "; skipped " + std::to_string(skipped.size()) + " with another shape:";
+      for (const auto& n : skipped) msg += "\n  " + n;
+    }
+    log::info(msg);
+  }
+  if (!start.resume.empty()) {
+    auto c = load_for_resume(start.resume, ckpt_dir, *model, comm, &resumed_from);
+    if (c) {
+      if (c->global_batch != t.global_batch)
+        throw ConfigError("train.global_batch = " + std::to_string(t.global_batch) + ", but " + resumed_from +
+                          " was trained with global batch " + std::to_string(c->global_batch) +
+                          "; resuming needs the same global batch (--set train.global_batch=" +
+                          std::to_string(c->global_batch) + ")");
+      restore_state(*c, *model, *optimizer, scaler);
+      start_step = c->step;
+      std::string how = "resumed from " + resumed_from + " at step " + std::to_string(start_step);
+      if (c->world_size != world || c->accumulation != accum)
+        how += " (written by " + std::to_string(c->world_size) + " ranks x " + std::to_string(c->micro_batch) +
+               " micro x " + std::to_string(c->accumulation) + " accumulation; now " + std::to_string(world) +
+               " x " + std::to_string(t.micro_batch) + " x " + std::to_string(accum) + ", same global batch)";
+      log::info(how);
+    }
+  }
+
   if (rank == 0) {
     files::make_dirs(out_dir);
     files::write_atomic(files::join(out_dir, "config.json"), config_to_json(cfg) + "\n");
   }
-  MetricsWriter metrics(files::join(out_dir, "metrics.jsonl"), rank == 0);
+  // A resumed run appends to the metrics of the run it continues.
+  MetricsWriter metrics(files::join(out_dir, "metrics.jsonl"), rank == 0, !resumed_from.empty());
+  if (!resumed_from.empty())
+    metrics.event("resume", {{"step", start_step}, {"path", resumed_from}, {"world_size", static_cast<int64_t>(world)}});
+  double last_stall = 0;
+  CheckpointWriter writer(ckpt_dir, cfg.checkpoint.keep_last, cfg.checkpoint.async,
+                          [&](const std::string& path, const checkpoint_io::WriteStats& ws) {
+                            metrics.event("checkpoint", {{"path", path},
+                                                         {"bytes", ws.bytes},
+                                                         {"seconds", ws.seconds},
+                                                         {"stall_s", last_stall}});
+                            log::info("checkpoint " + path + ": " + format_bytes(ws.bytes) + " in " +
+                                      std::to_string(ws.seconds) + " s");
+                          });
+  install_preemption_handlers();
 
   const int64_t n_params = models::count_parameters(*model);
   log::info("model " + cfg.model.kind + ": " + std::to_string(n_params) + " parameters; " +
@@ -173,7 +231,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   for (const auto& p : params) param_bytes += static_cast<int64_t>(p.nbytes());
   int64_t epoch_act_peak = 0;
 
-  for (int64_t step = 0; step < total_steps; ++step) {
+  for (int64_t step = start_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch;
     const int64_t k = step % steps_per_epoch;
     if (epoch != perm_epoch) {
@@ -228,9 +286,14 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                                      {"loss_scale", scale_used},
                                      {"new_loss_scale", scaler.scale_value()}});
 
-    auto mean_loss = (loss_sum / static_cast<double>(accum * world)).reshape({1});
-    if (world > 1) comm.allreduce_sum(mean_loss);
-    const double loss_val = mean_loss.item<double>();
+    // The step's loss and the preemption flag travel together: one small all-reduce, and
+    // every rank learns in the same step that some rank was asked to stop.
+    auto flag = torch::full({1}, preemption_requested() ? 1.0 : 0.0, loss_sum.options());
+    auto reduced = torch::cat({(loss_sum / static_cast<double>(accum * world)).reshape({1}), flag});
+    if (world > 1) comm.allreduce_sum(reduced);
+    reduced = reduced.cpu();
+    const double loss_val = reduced[0].item<double>();
+    const bool stop = reduced[1].item<double>() > 0;
     if (!scaler.enabled() && !std::isfinite(loss_val))
       throw std::runtime_error("step " + std::to_string(step + 1) + ": the training loss is " +
                                std::to_string(loss_val) + " (lower train.lr or enable train.grad_clip)");
@@ -258,6 +321,25 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     progress.update(step + 1, loss_val, lr, sps);
     summary.final_loss = loss_val;
     summary.steps = step + 1;
+
+    // Sync-step checkpoints: every checkpoint.every_steps, at the end, and on preemption.
+    const bool last = step + 1 == total_steps;
+    const int64_t every = cfg.checkpoint.every_steps;
+    if (rank == 0 && (stop || last || (every > 0 && (step + 1) % every == 0))) {
+      const auto c0 = Clock::now();
+      auto c = capture_state(cfg, world, *model, *optimizer, scaler, step + 1, steps_per_epoch, writer.async());
+      last_stall = seconds_since(c0);
+      writer.submit(std::move(c));
+      if (writer.async()) last_stall = seconds_since(c0);
+    }
+    if (stop) {
+      progress.interrupt();
+      writer.wait();
+      summary.preempted = true;
+      log::info("preempted by signal " + std::to_string(preemption_signal()) + " after step " +
+                std::to_string(step + 1) + ": checkpoint written; resume with --resume auto");
+      break;
+    }
 
     const bool epoch_end = (k == steps_per_epoch - 1) || (step + 1 == total_steps);
     if (epoch_end) {
@@ -298,6 +380,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       epoch_samples = 0;
     }
   }
+  writer.wait();
   summary.seconds = seconds_since(run_start);
   return summary;
 }

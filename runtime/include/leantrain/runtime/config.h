@@ -82,6 +82,7 @@ struct CheckpointConfig {
   std::string dir;            // empty: <out>/checkpoints
   int64_t every_steps = 0;    // 0: only at the end
   int64_t keep_last = 3;
+  bool async = true;          // copy the state, then write on a background thread
 };
 
 struct CommConfig {

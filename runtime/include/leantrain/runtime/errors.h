@@ -21,5 +21,10 @@ class DataError : public std::runtime_error {
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
+/// A collective missed its deadline (comm.timeout_s): the job was torn down with MPI_Abort.
+constexpr int kExitCollectiveTimeout = 3;
+/// Stopped by SIGTERM/SIGUSR1 after writing a checkpoint: resume with --resume auto
+/// (EX_TEMPFAIL: schedulers and wrappers requeue on it).
+constexpr int kExitPreempted = 75;
 
 }  // namespace lt

@@ -8,6 +8,7 @@
 #include "leantrain/comm/communicator.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/runtime_context.h"
+#include "leantrain/trainers/checkpointing.h"
 
 namespace lt::trainers {
 
@@ -19,11 +20,12 @@ struct TrainSummary {
   double eval_accuracy = -1;   // classifiers and masked LMs; -1 when not applicable
   double seconds = 0;
   int64_t peak_mem_bytes = 0;  // largest per-step peak
+  bool preempted = false;      // stopped by SIGTERM/SIGUSR1 after writing a checkpoint
 };
 
 /// Trains per `cfg` and writes <out_dir>/metrics.jsonl and <out_dir>/config.json (rank 0).
 /// Throws ConfigError for configurations that cannot run (named key), DataError for bad data.
 TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Communicator& comm,
-                          const std::string& out_dir);
+                          const std::string& out_dir, const StartOptions& start = {});
 
 }  // namespace lt::trainers

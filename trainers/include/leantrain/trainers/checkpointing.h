@@ -1,0 +1,87 @@
+#pragma once
+// The training state <-> checkpoint files: what is saved on sync steps, how a run resumes
+// (auto / path, on any world size), fine-tuning from weights only, and the background
+// writer that keeps the training stall to a copy of the state.
+#include <exception>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "leantrain/checkpoint_io/checkpoint.h"
+#include "leantrain/comm/communicator.h"
+#include "leantrain/models/model.h"
+#include "leantrain/runtime/config.h"
+#include "leantrain/trainers/precision.h"
+
+namespace lt::trainers {
+
+/// Where a run starts: from scratch, a full resume, or weights only (fine-tuning).
+struct StartOptions {
+  std::string resume;            // "" | "auto" (newest valid in the checkpoint dir) | PATH
+  std::string init_from;         // PATH: FP32 model weights only; fresh optimizer, step 0
+  bool init_skip_mismatched = false;  // with init_from: skip tensors whose shapes differ
+};
+
+/// The checkpoint directory of a run: checkpoint.dir, or <out>/checkpoints.
+std::string checkpoint_dir(const Config& cfg, const std::string& out_dir);
+
+/// Parameters then buffers, under their named_parameters()/named_buffers() names.
+std::vector<checkpoint_io::NamedTensor> model_tensors(torch::nn::Module& model);
+
+/// Everything exact resume needs after `step` optimizer steps. `copy` clones every tensor
+/// (for the background writer); otherwise the checkpoint aliases the live tensors.
+checkpoint_io::Checkpoint capture_state(const Config& cfg, int world, torch::nn::Module& model,
+                                        torch::optim::Optimizer& optimizer, const LossScaler& scaler,
+                                        int64_t step, int64_t steps_per_epoch, bool copy);
+
+/// Loads a checked checkpoint into the model, the optimizer and the scaler.
+void restore_state(const checkpoint_io::Checkpoint& c, torch::nn::Module& model,
+                   torch::optim::Optimizer& optimizer, LossScaler& scaler);
+
+/// Resolves `resume` (auto or a path) collectively: rank 0 picks the file (auto falls back
+/// to an older checkpoint, with a warning, when the newest is damaged), every rank reads and
+/// verifies it, and all ranks fail together if any cannot. Returns nothing when `auto`
+/// finds no checkpoint (a fresh start). Throws CheckpointError / ConfigError.
+std::optional<checkpoint_io::Checkpoint> load_for_resume(const std::string& resume, const std::string& dir,
+                                                         torch::nn::Module& model, comm::Communicator& comm,
+                                                         std::string* chosen_path);
+
+/// Writes checkpoints one at a time on a background thread (or inline when not async).
+/// A failed write surfaces as CheckpointError from the next submit() or wait(); the
+/// checkpoints committed before it stay intact.
+class CheckpointWriter {
+ public:
+  using Done = std::function<void(const std::string& path, const checkpoint_io::WriteStats&)>;
+  CheckpointWriter(std::string dir, int64_t keep_last, bool async, Done done);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  /// Waits for the previous write, then writes `c` (in the background when async).
+  void submit(checkpoint_io::Checkpoint c);
+  /// Waits for the write in flight; rethrows its error.
+  void wait();
+  bool async() const { return async_; }
+
+ private:
+  void write(const checkpoint_io::Checkpoint& c);
+  std::string dir_;
+  int64_t keep_last_;
+  bool async_;
+  Done done_;
+  std::thread thread_;
+  std::exception_ptr error_;
+};
+
+/// Preemption: SIGTERM and SIGUSR1 set a flag the training loop reads once per optimizer
+/// step (all ranks agree through the step's loss all-reduce), then it checkpoints and stops.
+void install_preemption_handlers();
+bool preemption_requested();
+int preemption_signal();
+void clear_preemption();
+
+}  // namespace lt::trainers
