@@ -7,9 +7,11 @@
 #
 # Under Slurm (SLURM_JOB_ID set; LT_LAUNCHER=mpirun forces mpirun):
 #   srun -K1 (a rank that dies ends the step instead of leaving the others hanging),
-#   --mpi=pmix (else pmi2, else Open MPI's mpirun inside the allocation), --gpu-bind=none
-#   when the job has GPUs (every rank sees all of its node's GPUs in the same order and
-#   leantrain takes the one of its local rank: SLURM_LOCALID = GPU index),
+#   --mpi=pmix (else pmi2, else Open MPI's mpirun inside the allocation); GPUs: every rank
+#   of a node must see the node's allocated GPUs in the same order, as leantrain takes the
+#   k-th visible GPU for local rank k (SLURM_LOCALID): an allocation made with
+#   --gpus-per-task (where Slurm shows each rank only its own GPU) gets a step with
+#   --gpus-per-node = ranks per node x gpus per task instead;
 #   train.threads = --cpus-per-task for `leantrain train`, mpi_yield_when_idle when a node
 #   has more ranks than CPUs, the glibc MALLOC_* settings. NP defaults to the allocation's.
 # Otherwise: cluster/mpirun.sh (root, oversubscription, --bind-to none, out-of-band TCP
@@ -99,11 +101,14 @@ if [ "$launcher" = srun ]; then
   fi
   opts=(-K1)
   [ -n "$np" ] && opts+=(-n "$np")
-  if [ -n "${SLURM_GPUS:-}${SLURM_GPUS_PER_TASK:-}${SLURM_GPUS_PER_NODE:-}${SLURM_JOB_GPUS:-}${SLURM_STEP_GPUS:-}" ]; then
-    opts+=(--gpu-bind=none)
+  srun_cmd=(srun)
+  if [ -n "${SLURM_GPUS_PER_TASK:-}" ]; then
+    # srun reads SLURM_GPUS_PER_TASK from the environment: drop it for this step.
+    srun_cmd=(env -u SLURM_GPUS_PER_TASK srun --ntasks-per-node="$per_node"
+              --gpus-per-node=$((per_node * SLURM_GPUS_PER_TASK)))
   fi
   if [ -n "$mpi" ]; then
-    run srun "${opts[@]}" --mpi="$mpi" "${extra[@]}" "${cmd[@]}"
+    run "${srun_cmd[@]}" "${opts[@]}" --mpi="$mpi" "${extra[@]}" "${cmd[@]}"
   fi
   # No PMI plugin: Open MPI's mpirun starts its daemons through srun itself.
   np=${np:-${SLURM_NTASKS:-1}}

@@ -12,6 +12,7 @@
 #   - glibc keeps freed memory (fresh pages fault in slowly on VMs), forwarded to ranks.
 # Usage: cluster/mpirun.sh NP [mpirun options --] leantrain train --config ...
 # LT_RANKS_PER_HOST (default NP: one host) decides oversubscription on multi-host runs.
+# Settings the caller gives (options before --, or OMPI_MCA_* in the environment) win.
 set -euo pipefail
 np=${1:?usage: cluster/mpirun.sh NP [mpirun options --] COMMAND...}
 shift
@@ -21,12 +22,21 @@ if [[ " $* " == *" -- "* ]]; then
   shift
 fi
 per_host=${LT_RANKS_PER_HOST:-$np}
-opts=(-np "$np" --mca oob_tcp_keepalive_time 3 --mca oob_tcp_keepalive_intvl 1
-      --mca oob_tcp_keepalive_probes 2
-      -x MALLOC_MMAP_THRESHOLD_=4294967295 -x MALLOC_TRIM_THRESHOLD_=4294967295)
+opts=(-np "$np")
+# An MCA setting is added only when the caller set it neither on the command line (mpirun
+# refuses a parameter given twice) nor as OMPI_MCA_<name> in the environment.
+add_mca() {
+  local v="OMPI_MCA_$1"
+  [[ " ${extra[*]:-} " == *" $1 "* || -n "${!v:-}" ]] || opts+=(--mca "$1" "$2")
+}
+add_mca oob_tcp_keepalive_time 3
+add_mca oob_tcp_keepalive_intvl 1
+add_mca oob_tcp_keepalive_probes 2
+opts+=(-x MALLOC_MMAP_THRESHOLD_=4294967295 -x MALLOC_TRIM_THRESHOLD_=4294967295)
 [ "$(id -u)" = 0 ] && opts+=(--allow-run-as-root)
 if [ "$per_host" -gt "$(nproc)" ]; then
-  opts+=(--oversubscribe --mca mpi_yield_when_idle 1)
+  [[ " ${extra[*]:-} " == *" --oversubscribe "* ]] || opts+=(--oversubscribe)
+  add_mca mpi_yield_when_idle 1
 fi
 if [[ " ${extra[*]:-} " != *" --bind-to "* && " ${extra[*]:-} " != *" --map-by "* &&
       " ${extra[*]:-} " != *" -bind-to "* && " ${extra[*]:-} " != *" -map-by "* ]]; then

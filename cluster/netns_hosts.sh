@@ -12,6 +12,7 @@
 #   cluster/netns_hosts.sh heal 2 | heal 1 2  # undo a cut
 #   cluster/netns_hosts.sh pids               # "NS PID COMM" of every process in the hosts
 #   cluster/netns_hosts.sh down               # kill everything in the hosts, delete them
+#   cluster/netns_hosts.sh sweep              # down for every cluster whose LT_NS_OWNER died
 #
 # Environment (up prints it; every other command reads it):
 #   LT_NS_PREFIX  namespace name prefix; default for `up`: lt<pid><random> (unique, so
@@ -19,6 +20,7 @@
 #   LT_NS_SUBNET  first three octets of the private /24 (default 10.213.7); host K is
 #                 SUBNET.(10+K). The subnet exists only inside these namespaces, so
 #                 parallel clusters may reuse it.
+#   LT_NS_OWNER   (up) a pid: once it is gone, `sweep` removes this cluster.
 # `agent HOST CMD...` is the rsh agent (mpirun --mca plm_rsh_agent "netns_hosts.sh agent").
 set -euo pipefail
 self=$(readlink -f "${BASH_SOURCE[0]}")
@@ -41,6 +43,7 @@ load_env() {
   fi
   LT_NS_SUBNET=${LT_NS_SUBNET:-10.213.7}
   LT_NS_HOSTS=${LT_NS_HOSTS:-0}
+  export LT_NS_PREFIX LT_NS_SUBNET LT_NS_HOSTS   # the agent, started by mpirun, reads them
 }
 
 ns_of() { echo "$LT_NS_PREFIX-h$1"; }
@@ -74,8 +77,8 @@ cmd_up() {
   [ ${#LT_NS_PREFIX} -le 40 ] || die "LT_NS_PREFIX too long"
   ip netns list | grep -q "^$LT_NS_PREFIX-" && die "namespaces $LT_NS_PREFIX-* already exist"
   mkdir -p "$state_dir"
-  printf 'LT_NS_PREFIX=%s\nLT_NS_SUBNET=%s\nLT_NS_HOSTS=%s\n' \
-    "$LT_NS_PREFIX" "$LT_NS_SUBNET" "$n" >"$state_dir/$LT_NS_PREFIX.env"
+  printf 'LT_NS_PREFIX=%s\nLT_NS_SUBNET=%s\nLT_NS_HOSTS=%s\nLT_NS_OWNER=%s\n' \
+    "$LT_NS_PREFIX" "$LT_NS_SUBNET" "$n" "${LT_NS_OWNER:-}" >"$state_dir/$LT_NS_PREFIX.env"
   # A failure half-way removes what was made.
   up_ok=0
   trap '[ "$up_ok" = 1 ] || cmd_down >/dev/null 2>&1 || true' EXIT
@@ -127,7 +130,7 @@ cmd_down() {
   need_root; load_env
   local ns p round
   local nss; nss=$(ip netns list | awk '{print $1}' | grep "^$LT_NS_PREFIX-" || true)
-  for round in 1 2 3 4 5; do
+  for _ in 1 2 3 4 5; do
     local any=
     for ns in $nss; do
       for p in $(ip netns pids "$ns" 2>/dev/null); do any=1; kill -9 "$p" 2>/dev/null || true; done
@@ -143,6 +146,25 @@ cmd_down() {
     fi
   done
   rm -f "$state_dir/$LT_NS_PREFIX.env"
+}
+
+# Removes every cluster whose owner process (LT_NS_OWNER at `up`) is gone: what a test
+# killed without a chance to clean up (e.g. by a ctest timeout) left behind.
+cmd_sweep() {
+  need_root
+  local f
+  for f in "$state_dir"/*.env; do
+    [ -f "$f" ] || continue
+    (
+      unset LT_NS_OWNER LT_SLURM_DIR
+      # shellcheck disable=SC1090
+      . "$f"
+      [ -n "${LT_NS_OWNER:-}" ] && ! kill -0 "$LT_NS_OWNER" 2>/dev/null || exit 0
+      echo "netns_hosts: sweeping $LT_NS_PREFIX (owner $LT_NS_OWNER is gone)" >&2
+      cmd_down
+      case "${LT_SLURM_DIR:-}" in */lt-slurm.*) rm -rf "$LT_SLURM_DIR" ;; esac
+    )
+  done
 }
 
 # rsh agent for Open MPI: agent [options] HOST COMMAND... ; runs COMMAND in HOST's namespace.
@@ -177,7 +199,7 @@ cmd_mpirun() {
   enter_exec 1 "$here/mpirun.sh" "$np" \
     -H "$hosts" --mca plm_rsh_agent "$self agent" \
     --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 \
-    -x LT_NS_PREFIX -x LT_NS_SUBNET -x LT_NS_HOSTS "${extra[@]}" -- "$@"
+    "${extra[@]}" -- "$@"
 }
 
 dead_mac=02:00:00:de:ad:00
@@ -223,5 +245,6 @@ case "$sub" in
   cut) cmd_cut "$@" ;;
   heal) cmd_heal "$@" ;;
   pids) cmd_pids ;;
+  sweep) cmd_sweep ;;
   *) sed -n '2,/^set -euo/p' "$self" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

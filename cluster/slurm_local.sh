@@ -10,7 +10,8 @@
 #   cluster/slurm_local.sh run sbatch --wait -N2 job.sh
 #   cluster/slurm_local.sh down               # stop the daemons, hosts and the temp dir
 #
-# Environment: LT_NS_PREFIX / LT_NS_SUBNET as for netns_hosts.sh (the hosts), LT_SLURM_DIR
+# Environment: LT_NS_PREFIX / LT_NS_SUBNET as for netns_hosts.sh (the hosts), LT_SLURM_GPUS
+# (up: N pretend GPUs per node, gres/gpu on /dev/null-like devices; default 0), LT_SLURM_DIR
 # (created by up: slurm.conf, state/, nodeK/{spool,tmp,slurmd.log}, slurmctld.log, env),
 # SLURM_CONF=$LT_SLURM_DIR/slurm.conf.
 set -euo pipefail
@@ -54,9 +55,12 @@ cmd_up() {
   trap '[ "$up_ok" = 1 ] || cmd_down >/dev/null 2>&1 || true' EXIT
   # The hosts; their env (prefix, subnet) goes into ours.
   eval "$("$hosts" up "$n")"
+  # netns_hosts.sh sweep removes this dir too when the owner is gone.
+  echo "LT_SLURM_DIR=$dir" >>"/run/leantrain-netns/$LT_NS_PREFIX.env"
   printf 'export LT_NS_PREFIX=%s LT_NS_SUBNET=%s LT_NS_HOSTS=%s LT_SLURM_DIR=%s SLURM_CONF=%s\n' \
     "$LT_NS_PREFIX" "$LT_NS_SUBNET" "$LT_NS_HOSTS" "$dir" "$SLURM_CONF" >"$dir/env"
   local cpus; cpus=$(nproc)
+  local gpus=${LT_SLURM_GPUS:-0}
   local mem; mem=$(awk '/MemTotal/ {print int($2 / 1024 / 2)}' /proc/meminfo)
   local k
   mkdir -p "$dir/state"
@@ -97,11 +101,22 @@ cmd_up() {
     echo "KillWait=5"
     echo "InactiveLimit=0"
     echo "MinJobAge=30"
+    local gres=""
+    if [ "$gpus" -gt 0 ]; then echo "GresTypes=gpu"; gres=" Gres=gpu:$gpus"; fi
     for ((k = 1; k <= n; k++)); do
-      echo "NodeName=node$k NodeAddr=$LT_NS_SUBNET.$((10 + k)) NodeHostname=$LT_NS_PREFIX-h$k CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+      echo "NodeName=node$k NodeAddr=$LT_NS_SUBNET.$((10 + k)) NodeHostname=$LT_NS_PREFIX-h$k CPUs=$cpus RealMemory=$mem State=UNKNOWN$gres"
     done
     echo "PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
   } >"$SLURM_CONF"
+  if [ "$gpus" -gt 0 ]; then
+    # Pretend GPUs: character devices (copies of /dev/null) that Slurm hands out as gres/gpu,
+    # so GPU binding (CUDA_VISIBLE_DEVICES per task) can be checked on a machine without one.
+    for ((k = 1; k <= n; k++)); do
+      local g
+      for ((g = 0; g < gpus; g++)); do mknod "$dir/node$k/gpu$g" c 1 3; done
+      echo "NodeName=node$k Name=gpu File=$dir/node$k/gpu[0-$((gpus - 1))]"
+    done >"$dir/gres.conf"
+  fi
   # nsenter (not `ip netns exec`, which remounts /sys and hides /sys/fs/cgroup).
   on_login slurmctld
   for ((k = 1; k <= n; k++)); do
@@ -133,8 +148,8 @@ cmd_down() {
     p=$(cat "$f" 2>/dev/null || true)
     [ -n "$p" ] && kill -TERM "$p" 2>/dev/null || true
   done
-  local i
-  for i in $(seq 20); do
+
+  for _ in $(seq 20); do
     local alive=
     for f in "$LT_SLURM_DIR"/node*/slurmd.pid "$LT_SLURM_DIR/slurmctld.pid"; do
       [ -f "$f" ] || continue
@@ -152,7 +167,7 @@ cmd_down() {
 
 cmd_run() {
   load_env
-  "$hosts" exec 1 env SLURM_CONF="$SLURM_CONF" "$@"
+  exec "$hosts" exec 1 env SLURM_CONF="$SLURM_CONF" "$@"
 }
 
 sub=${1:-}

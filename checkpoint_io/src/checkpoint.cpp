@@ -81,7 +81,36 @@ std::string hdf5_error() {
   return s.empty() ? "HDF5 error" : s;
 }
 
-void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+// Note [A failed HDF5 write]
+// HDF5 1.10 cannot close a file whose write failed (disk full, RLIMIT_FSIZE): H5Fclose
+// returns an error and leaves the file half-closed, and any later close of it (a second
+// H5Fclose, or the library's own atexit clean-up) dereferences freed state and crashes.
+// So the library's atexit clean-up is switched off before HDF5 is first used (every file
+// is closed explicitly anyway: a clean exit leaves none open), and a file whose close fails
+// is abandoned: its descriptor is closed by hand so the space of the removed temporary file
+// comes back, and HDF5 never touches the handle again.
+void quiet_hdf5() {
+  static const bool once = [] {
+    H5dont_atexit();  // must precede the library's initialisation
+    H5open();
+    return true;
+  }();
+  (void)once;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+/// Closes a file handle; when the close fails (see Note [A failed HDF5 write]) closes its
+/// descriptor by hand and forgets the handle. Returns whether HDF5's close succeeded.
+bool close_or_abandon(H& file) {
+  if (!file.ok()) return true;
+  int* fd = nullptr;
+  const bool have_fd = H5Fget_vfd_handle(file.get(), H5P_DEFAULT, reinterpret_cast<void**>(&fd)) >= 0 &&
+                       fd != nullptr;
+  const int saved_fd = have_fd ? *fd : -1;
+  if (file.close()) return true;
+  if (saved_fd >= 0) ::close(saved_fd);
+  return false;
+}
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw CheckpointError(path + ": " + what);
@@ -347,6 +376,62 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
+/// Everything inside the open file `f` (temporary name `tmp`); the caller closes it.
+void write_contents(hid_t f, const Checkpoint& c, const std::string& tmp) {
+  write_attr(f, "format", std::string(kFormatName), tmp);
+  write_attr(f, "format_version", c.format_version, tmp);
+  write_attr(f, "step", c.step, tmp);
+  write_attr(f, "epoch", c.epoch, tmp);
+  write_attr(f, "samples_seen", c.samples_seen, tmp);
+  write_attr(f, "world_size", c.world_size, tmp);
+  write_attr(f, "global_batch", c.global_batch, tmp);
+  write_attr(f, "micro_batch", c.micro_batch, tmp);
+  write_attr(f, "accumulation", c.accumulation, tmp);
+  write_attr(f, "precision", c.precision, tmp);
+  write_attr(f, "model_config", c.model_config, tmp);
+  write_attr(f, "train_config", c.train_config, tmp);
+  write_attr(f, "config", c.config, tmp);
+  write_attr(f, "leantrain_version", c.leantrain_version, tmp);
+  write_attr(f, "libtorch_version", c.libtorch_version, tmp);
+
+  auto lcpl = check(H5Pcreate(H5P_LINK_CREATE), H5Pclose, tmp, "link list");
+  check(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp, "intermediate groups");
+  auto model = check(H5Gcreate2(f, "model", lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose, tmp, "group model");
+  write_tensors(model.get(), c.model, tmp);
+
+  auto opt = check(H5Gcreate2(f, "optimizer", lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose, tmp,
+                   "group optimizer");
+  write_attr(opt.get(), "kind", c.optimizer_kind, tmp);
+  for (const auto& [k, v] : c.optimizer_attrs) write_attr(opt.get(), k, v, tmp);
+  {
+    // "<param>/<state>": one group per parameter (created on demand), datasets inside.
+    std::map<std::string, std::vector<NamedTensor>> by_param;
+    std::vector<std::string> order;
+    for (const auto& nt : c.optimizer) {
+      const auto slash = nt.name.rfind('/');
+      if (slash == std::string::npos) fail(tmp, "optimizer tensor '" + nt.name + "' is not <param>/<state>");
+      const auto param = nt.name.substr(0, slash);
+      if (!by_param.count(param)) order.push_back(param);
+      by_param[param].push_back({nt.name.substr(slash + 1), nt.tensor});
+    }
+    // All states in one pass so the checksum thread overlaps the whole optimizer write.
+    std::vector<H> groups;
+    for (const auto& param : order) {
+      groups.push_back(check(H5Gcreate2(opt.get(), param.c_str(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
+                             H5Gclose, tmp, "optimizer group " + param));
+    }
+    for (size_t i = 0; i < order.size(); ++i) write_tensors(groups[i].get(), by_param[order[i]], tmp);
+  }
+  auto scaler = check(H5Gcreate2(f, "scaler", lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose, tmp, "group scaler");
+  for (const auto& [k, v] : c.scaler) write_attr(scaler.get(), k, v, tmp);
+  auto data = check(H5Gcreate2(f, "data", lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose, tmp, "group data");
+  for (const auto& [k, v] : c.data) write_attr(data.get(), k, v, tmp);
+  data.close();
+  scaler.close();
+  opt.close();
+  model.close();
+}
+
 }  // namespace
 
 WriteStats write_checkpoint(const std::string& path, const Checkpoint& c) {
@@ -358,61 +443,13 @@ WriteStats write_checkpoint(const std::string& path, const Checkpoint& c) {
     check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), tmp, "format bounds");
     auto file = check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose, tmp,
                       "cannot create checkpoint file");
-    const hid_t f = file.get();
-    write_attr(f, "format", std::string(kFormatName), tmp);
-    write_attr(f, "format_version", c.format_version, tmp);
-    write_attr(f, "step", c.step, tmp);
-    write_attr(f, "epoch", c.epoch, tmp);
-    write_attr(f, "samples_seen", c.samples_seen, tmp);
-    write_attr(f, "world_size", c.world_size, tmp);
-    write_attr(f, "global_batch", c.global_batch, tmp);
-    write_attr(f, "micro_batch", c.micro_batch, tmp);
-    write_attr(f, "accumulation", c.accumulation, tmp);
-    write_attr(f, "precision", c.precision, tmp);
-    write_attr(f, "model_config", c.model_config, tmp);
-    write_attr(f, "train_config", c.train_config, tmp);
-    write_attr(f, "config", c.config, tmp);
-    write_attr(f, "leantrain_version", c.leantrain_version, tmp);
-    write_attr(f, "libtorch_version", c.libtorch_version, tmp);
-
-    auto lcpl = check(H5Pcreate(H5P_LINK_CREATE), H5Pclose, tmp, "link list");
-    check(H5Pset_create_intermediate_group(lcpl.get(), 1), tmp, "intermediate groups");
-    auto model = check(H5Gcreate2(f, "model", lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose, tmp, "group model");
-    write_tensors(model.get(), c.model, tmp);
-
-    auto opt = check(H5Gcreate2(f, "optimizer", lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose, tmp,
-                     "group optimizer");
-    write_attr(opt.get(), "kind", c.optimizer_kind, tmp);
-    for (const auto& [k, v] : c.optimizer_attrs) write_attr(opt.get(), k, v, tmp);
-    {
-      // "<param>/<state>": one group per parameter (created on demand), datasets inside.
-      std::map<std::string, std::vector<NamedTensor>> by_param;
-      std::vector<std::string> order;
-      for (const auto& nt : c.optimizer) {
-        const auto slash = nt.name.rfind('/');
-        if (slash == std::string::npos) fail(tmp, "optimizer tensor '" + nt.name + "' is not <param>/<state>");
-        const auto param = nt.name.substr(0, slash);
-        if (!by_param.count(param)) order.push_back(param);
-        by_param[param].push_back({nt.name.substr(slash + 1), nt.tensor});
-      }
-      // All states in one pass so the checksum thread overlaps the whole optimizer write.
-      std::vector<H> groups;
-      std::vector<NamedTensor> flat;
-      for (const auto& param : order) {
-        groups.push_back(check(H5Gcreate2(opt.get(), param.c_str(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
-                               H5Gclose, tmp, "optimizer group " + param));
-      }
-      for (size_t i = 0; i < order.size(); ++i) write_tensors(groups[i].get(), by_param[order[i]], tmp);
+    try {
+      write_contents(file.get(), c, tmp);
+    } catch (...) {
+      close_or_abandon(file);  // before the handle's destructor would close it a second time
+      throw;
     }
-    auto scaler = check(H5Gcreate2(f, "scaler", lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose, tmp, "group scaler");
-    for (const auto& [k, v] : c.scaler) write_attr(scaler.get(), k, v, tmp);
-    auto data = check(H5Gcreate2(f, "data", lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose, tmp, "group data");
-    for (const auto& [k, v] : c.data) write_attr(data.get(), k, v, tmp);
-    data.close();
-    scaler.close();
-    opt.close();
-    model.close();
-    if (!file.close()) fail(tmp, "cannot finish checkpoint file (" + hdf5_error() + ")");
+    if (!close_or_abandon(file)) fail(tmp, "cannot finish checkpoint file (" + hdf5_error() + ")");
     files::commit_file(tmp, path);
   } catch (const CheckpointError&) {
     ::unlink(tmp.c_str());

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "leantrain/comm/grad_sync.h"
@@ -15,6 +16,7 @@
 #include "leantrain/runtime/log.h"
 #include "leantrain/runtime/memory_meter.h"
 #include "leantrain/trainers/checkpointing.h"
+#include "leantrain/trainers/faults.h"
 #include "leantrain/trainers/metrics.h"
 #include "leantrain/trainers/precision.h"
 #include "leantrain/trainers/progress.h"
@@ -207,6 +209,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                                       std::to_string(ws.seconds) + " s");
                           });
   install_preemption_handlers();
+  const auto faults = FaultInjector::from_env();
 
   const int64_t n_params = models::count_parameters(*model);
   log::info("model " + cfg.model.kind + ": " + std::to_string(n_params) + " parameters; " +
@@ -238,6 +241,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       perm = data::epoch_permutation(n_train, cfg.data.seed, epoch);
       perm_epoch = epoch;
     }
+    faults.at_step_start(step + 1, rank);
     const auto step_start = Clock::now();
     meter.reset_peak();
     const double lr = lr_at(t, step, total_steps);
@@ -261,6 +265,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
         AutocastGuard ac(cfg.precision.mode, device.type());
         loss = model->forward_loss(batch.input.to(device), batch.target.to(device));
       }
+      if (faults.fires(FaultKind::kNan, step + 1, rank)) loss = loss * std::numeric_limits<double>::quiet_NaN();
       // Gradients average over the whole global batch: world x accumulation micro-batches.
       scaler.scale(loss / static_cast<double>(accum * world)).backward();
       loss_sum += loss.detach();  // stays on the device: one host sync per step, below

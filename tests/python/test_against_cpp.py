@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""The reference models against the real C++ forward: for each model kind, train a tiny model
+for a few steps with the leantrain binary on the CPU. The binary writes a checkpoint and an eval
+loss computed by the C++ model in eval mode. Then rebuild the eval batches here, run the
+reference model loaded from that checkpoint, and require the same eval loss and accuracy
+(within REL_TOL).
+
+The batches are rebuilt as data/src/datasets.cpp and samples.cpp build them: the Fashion-MNIST
+normalisation, text windows of seq_len+1 bytes, and BERT masking driven by std::mt19937_64
+seeded from mix_seed. If the data layer changes, this file has to follow.
+
+    .venv/bin/python tests/python/test_against_cpp.py build/bin/leantrain
+Exit codes: 0 pass, 1 fail, 77 skipped (no binary given or found)."""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from leantrain_py.checkpoint import load_into_reference  # noqa: E402
+
+SKIP = 77
+# Both sides run the same LibTorch kernels on the CPU with one thread, so the losses agree
+# bit for bit in practice. A loss is a blunt probe (using tanh instead of erf GELU moves it by
+# only ~1e-7 relative), so the tolerance is far below 1e-5.
+REL_TOL = 1e-9
+FASHION = "/usr/share/datasets/fashion-mnist"
+M64 = (1 << 64) - 1
+
+
+# ---- the data layer's random numbers (data/src/rng.h, sampling.cpp) ----
+
+class MT19937_64:
+    """std::mt19937_64 with its single-integer seeding."""
+
+    def __init__(self, seed: int):
+        self.mt = [seed & M64] + [0] * 311
+        for i in range(1, 312):
+            self.mt[i] = (6364136223846793005 * (self.mt[i - 1] ^ (self.mt[i - 1] >> 62)) + i) & M64
+        self.i = 312
+
+    def __call__(self) -> int:
+        if self.i >= 312:
+            mt = self.mt
+            for k in range(312):
+                x = (mt[k] & 0xFFFFFFFF80000000) | (mt[(k + 1) % 312] & 0x7FFFFFFF)
+                mt[k] = mt[(k + 156) % 312] ^ (x >> 1) ^ (0xB5026F5AA96619E9 if x & 1 else 0)
+            self.i = 0
+        y = self.mt[self.i]
+        self.i += 1
+        y ^= (y >> 29) & 0x5555555555555555
+        y ^= (y << 17) & 0x71D67FFFEDA60000
+        y ^= (y << 37) & 0xFFF7EEE000000000
+        return (y ^ (y >> 43)) & M64
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def mix_seed(parts) -> int:
+    h = 0x6A09E667F3BCC909
+    for p in parts:
+        h = splitmix64(h ^ splitmix64(p & M64))
+    return h
+
+
+def uniform01(rng) -> float:
+    return (rng() >> 11) * 2.0**-53
+
+
+def bounded(rng, n: int) -> int:
+    threshold = ((1 << 64) - n) % n
+    while True:
+        x = rng()
+        if x >= threshold:
+            return x % n
+
+
+def bert_mask(tokens, seed, epoch, index, p, mask_token, random_vocab):
+    """detail::bert_mask (data/src/samples.cpp): (input, target)."""
+    rng = MT19937_64(mix_seed([seed, 0x6D61736B, epoch, index]))
+    inp, T = list(tokens), len(tokens)
+    chosen = [uniform01(rng) < p for _ in range(T)]
+    if not any(chosen):
+        chosen[bounded(rng, T)] = True
+    target = [-100] * T
+    for q in range(T):
+        if chosen[q]:
+            target[q] = inp[q]
+            r = uniform01(rng)
+            if r < 0.8:
+                inp[q] = mask_token
+            elif r < 0.9:
+                inp[q] = bounded(rng, random_vocab)
+    return inp, target
+
+
+# ---- runs ----
+
+def train(binary, out, config, sets):
+    cmd = [binary, "train", "--config", os.path.join(ROOT, "configs", config), "--out", out,
+           "--set", "train.steps=8", "--set", "train.threads=1", "--set", "precision.mode=fp32",
+           "--set", "train.device=cpu",
+           # A high constant learning rate moves the weights far from their small init, so
+           # that every detail of the forward (GELU variant, eps, ...) shows in the loss.
+           "--set", "train.lr=0.05", "--set", "train.warmup_steps=0", "--set", "train.schedule=constant"]
+    for s in sets:
+        cmd += ["--set", s]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    with open(os.path.join(out, "metrics.jsonl")) as fh:
+        epoch = [json.loads(line) for line in fh if '"event":"epoch"' in line][-1]
+    with open(os.path.join(out, "checkpoints", "latest")) as fh:
+        name = fh.read().strip()
+    if name != f"step-{epoch['step']:08d}.h5":
+        raise RuntimeError(f"{out}: the last evaluation (step {epoch['step']}) is not the latest checkpoint ({name})")
+    return os.path.join(out, "checkpoints", name), epoch
+
+
+def eval_loss(model, batches):
+    """trainer.cpp evaluate(): per batch the summed fp32 cross-entropy, accumulated in double."""
+    loss = count = correct = 0.0
+    with torch.no_grad():
+        for x, y in batches:
+            logits = model(x)
+            flat, tgt = logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1)
+            valid = tgt != -100
+            loss += F.cross_entropy(flat, tgt, ignore_index=-100, reduction="sum").double().item()
+            count += valid.sum().item()
+            correct += ((flat.argmax(-1) == tgt) & valid).sum().item()
+    return loss / count, correct / count
+
+
+def fashion_batches(n_batches, batch):
+    with gzip.open(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")) as fh:
+        images = np.frombuffer(fh.read()[16:], np.uint8).reshape(-1, 1, 28, 28)
+    with gzip.open(os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz")) as fh:
+        labels = np.frombuffer(fh.read()[8:], np.uint8).astype(np.int64)
+    lut = np.array([(v / 255.0 - 0.2860) / 0.3530 for v in range(256)]).astype(np.float32)
+    return [(torch.from_numpy(lut[images[s:s + batch]]), torch.from_numpy(labels[s:s + batch].copy()))
+            for s in range(0, n_batches * batch, batch)]
+
+
+def text_batches(corpus, eval_fraction, T, n_batches, batch, bert_vocab=0):
+    data = np.frombuffer(corpus, np.uint8).astype(np.int64)
+    begin = len(data) - int(math.floor(len(data) * eval_fraction))
+    out = []
+    for b in range(n_batches):
+        xs, ys = [], []
+        for i in range(b * batch, (b + 1) * batch):
+            w = data[begin + i * T: begin + i * T + T + 1].tolist()
+            if bert_vocab:
+                x, y = bert_mask(w[:T], 1234, 0, i, 0.15, 256, 256)
+            else:
+                x, y = w[:T], w[1:]
+            xs.append(x)
+            ys.append(y)
+        out.append((torch.tensor(xs), torch.tensor(ys)))
+    return out
+
+
+def main(argv):
+    binary = argv[1] if len(argv) > 1 else os.path.join(ROOT, "build", "bin", "leantrain")
+    if not os.access(binary, os.X_OK):
+        print(f"skipped: no leantrain binary at {binary}")
+        return SKIP
+    torch.set_num_threads(1)
+    rng = MT19937_64(5489)  # the C++ standard's check: the 10000th output of a default mt19937_64
+    assert [rng() for _ in range(10000)][-1] == 9981545732273789042
+    lm = ["train.global_batch=8", "train.micro_batch=8", "train.eval_batch=8", "train.eval_max_batches=3",
+          "data.kind=text", "data.eval_fraction=0.1", "model.seq_len=32", "model.n_layer=2",
+          "model.d_model=32", "model.n_head=4"]
+    img = ["data.limit=512", "train.eval_batch=50", "train.eval_max_batches=2"]
+    failures, ran = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus_path = os.path.join(tmp, "corpus.txt")
+        corpus = b"".join(open(os.path.join(ROOT, f), "rb").read()
+                          for f in ("README.md", "docs/ARCHITECTURE.md", "docs/CONFIG.md"))
+        with open(corpus_path, "wb") as fh:
+            fh.write(corpus)
+        cases = [
+            ("gpt", "gpt_text.toml", lm + [f"data.path={corpus_path}"],
+             lambda: text_batches(corpus, 0.1, 32, 3, 8)),
+            ("bert", "bert_base.toml", lm + [f"data.path={corpus_path}", "model.vocab_size=260", "model.d_ff=48"],
+             lambda: text_batches(corpus, 0.1, 32, 3, 8, bert_vocab=260)),
+        ]
+        if os.path.isdir(FASHION):
+            cases += [
+                ("mlp", "fashion_mnist_mlp.toml", img, lambda: fashion_batches(2, 50)),
+                ("resnet small/basic", "fashion_mnist_resnet.toml", img, lambda: fashion_batches(2, 50)),
+                ("resnet imagenet/bottleneck", "fashion_mnist_resnet.toml",
+                 img + ["model.stem=imagenet", "model.block=bottleneck", "model.layers=[1,2]", "model.width=8"],
+                 lambda: fashion_batches(2, 50)),
+            ]
+        else:
+            print(f"note: {FASHION} missing: mlp and resnet not checked")
+        for i, (name, config, sets, batches) in enumerate(cases):
+            ckpt, epoch = train(binary, os.path.join(tmp, f"run{i}"), config, sets)
+            model, _ = load_into_reference(ckpt)
+            loss, acc = eval_loss(model, batches())
+            want = epoch["eval_loss"]
+            rel = abs(loss - want) / max(abs(want), 1e-12)
+            ok = rel <= REL_TOL and ("eval_accuracy" not in epoch or abs(acc - epoch["eval_accuracy"]) < 1e-9)
+            ran += 1
+            print(f"{'ok  ' if ok else 'FAIL'} {name}: eval loss C++ {want:.9f}, reference {loss:.9f} "
+                  f"(rel diff {rel:.2e})" + (f"; accuracy C++ {epoch['eval_accuracy']:.6f}, reference {acc:.6f}"
+                                             if "eval_accuracy" in epoch else ""))
+            if not ok:
+                failures.append(name)
+    print(f"{ran - len(failures)}/{ran} model kinds match the C++ eval-mode forward")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
