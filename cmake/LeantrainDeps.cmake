@@ -36,13 +36,20 @@ find_package(spdlog REQUIRED CONFIG)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
 
-# CUDA + NCCL: compiled and linked whenever present, even on machines without a GPU.
+# CUDA + NCCL: compiled and linked whenever present, even on machines without a GPU. NCCL is
+# looked for in LEANTRAIN_NCCL_ROOT (or $NCCL_ROOT) first, then beside the toolkit, then in
+# the nvidia-nccl wheel next to LibTorch's (what a machine with only pip's CUDA has).
 set(LEANTRAIN_HAVE_NCCL OFF)
 if(LEANTRAIN_WITH_CUDA)
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
-    find_path(LT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-    find_library(LT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+    set(_nccl_hints ${LEANTRAIN_NCCL_ROOT} $ENV{NCCL_ROOT})
+    list(APPEND _nccl_hints ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda)
+    get_filename_component(_torch_site "${Torch_DIR}/../../../.." ABSOLUTE)  # .../site-packages
+    list(APPEND _nccl_hints ${_torch_site}/nvidia/nccl)
+    find_path(LT_NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
+    find_library(LT_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${_nccl_hints} ${CUDAToolkit_LIBRARY_DIR}
+                 PATH_SUFFIXES lib lib64)
     if(LT_NCCL_INCLUDE_DIR AND LT_NCCL_LIBRARY)
       set(LEANTRAIN_HAVE_NCCL ON)
       add_library(leantrain_nccl INTERFACE IMPORTED)
@@ -51,7 +58,7 @@ if(LEANTRAIN_WITH_CUDA)
     endif()
   endif()
 endif()
-message(STATUS "leantrain: CUDA toolkit ${CUDAToolkit_VERSION}, NCCL: ${LEANTRAIN_HAVE_NCCL}")
+message(STATUS "leantrain: CUDA toolkit ${CUDAToolkit_VERSION}, NCCL: ${LEANTRAIN_HAVE_NCCL} ${LT_NCCL_LIBRARY}")
 
 # Every target that includes LibTorch reuses one precompiled header (same flags everywhere).
 function(leantrain_torch_target target)

@@ -1,21 +1,46 @@
 #include "leantrain/comm/communicator.h"
 
 #include "leantrain/comm/mpi_communicator.h"
+#include "leantrain/comm/nccl_communicator.h"
 #include "leantrain/runtime/errors.h"
 
 namespace lt::comm {
 
+std::string choose_backend(const std::string& backend, int world, bool on_cuda, bool nccl_available) {
+  if (backend == "local") {
+    if (world != 1)
+      throw ConfigError("comm.backend = 'local' cannot serve a world of " + std::to_string(world) +
+                        " ranks; use 'auto' (or 'nccl' on GPUs, 'mpi' on CPUs)");
+    return "local";
+  }
+  if (backend == "nccl") {
+    if (!nccl_available)
+      throw ConfigError("comm.backend = 'nccl': this leantrain was built without NCCL (no CUDA toolkit at build "
+                        "time); use comm.backend = 'auto' or 'mpi', or rebuild with the CUDA toolkit and NCCL");
+    if (!on_cuda)
+      throw ConfigError("comm.backend = 'nccl' needs the run on a GPU, but the device is the CPU; set "
+                        "train.device = cuda on a machine with GPUs, or use comm.backend = 'auto' or 'mpi'");
+    return "nccl";
+  }
+  if (backend == "mpi") return "mpi";
+  if (backend == "auto") {
+    if (world == 1) return "local";
+    return on_cuda && nccl_available ? "nccl" : "mpi";
+  }
+  throw ConfigError("comm.backend = '" + backend + "' is not one of auto, nccl, mpi, local");
+}
+
 std::unique_ptr<Communicator> make_communicator(const CommConfig& cfg, const RuntimeContext& ctx) {
   const int world = ctx.world.size;
-  if (world == 1 && (cfg.backend == "auto" || cfg.backend == "local"))
-    return std::make_unique<LocalCommunicator>();
-  if (cfg.backend == "local")
-    throw ConfigError("comm.backend = 'local' cannot serve a world of " + std::to_string(world) +
-                      " ranks; use 'auto' or 'mpi'");
-  if (cfg.backend == "nccl")
-    throw ConfigError("comm.backend = 'nccl': the NCCL backend is not built yet; use 'auto' or 'mpi' "
-                      "(CUDA tensors then travel through host memory)");
-  auto comm = std::make_unique<MpiCommunicator>(cfg.timeout_s, ctx.world.host);
+  const std::string backend = choose_backend(cfg.backend, world, ctx.on_cuda(), nccl_built());
+  if (backend == "local") return std::make_unique<LocalCommunicator>();
+  // Setup (bootstrap, the first broadcasts) runs under the generous deadline; the trainer
+  // tightens it per step (Note [Deadlines] in trainers/src/trainer.cpp).
+  std::unique_ptr<Communicator> comm;
+  if (backend == "nccl")
+    comm = std::make_unique<NcclCommunicator>(cfg.startup_timeout_s, ctx.world.host, ctx.device_index);
+  else
+    comm = std::make_unique<MpiCommunicator>(cfg.startup_timeout_s, ctx.world.host);
   if (comm->size() != world || comm->rank() != ctx.world.rank)
     throw ConfigError("the launcher's environment says rank " + std::to_string(ctx.world.rank) + " of " +
                       std::to_string(world) + " but MPI says rank " + std::to_string(comm->rank()) + " of " +

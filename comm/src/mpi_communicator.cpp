@@ -9,9 +9,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/log.h"
+#include "mpi_deadline.h"
 
 namespace lt::comm {
 namespace {
@@ -33,8 +35,18 @@ MpiCommunicator::MpiCommunicator(double timeout_s, std::string host) : timeout_s
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
+    // Note [Non-blocking all-reduce algorithm]: Open MPI's libnbc picks a binomial tree
+    // (reduce to one rank, then broadcast) for MPI_Iallreduce below 4 ranks, which ran at
+    // ~0.6x the busbw of the blocking MPI_Allreduce on 2 ranks here; its ring (reduce-scatter
+    // + all-gather) reaches ~0.9x (docs/BENCH_COMM.md). MCA parameters are read at
+    // MPI_Init from OMPI_MCA_* variables: set the ring unless the user chose (overwrite = 0).
+    // Other MPI libraries ignore the variable.
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
     int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    // SERIALIZED, not FUNNELED: GradientSync starts and tests all-reduces from autograd hooks,
+    // which for CUDA parameters run on the autograd engine's device thread while the main
+    // thread blocks in backward() — one thread at a time, but not always the main one.
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     owns_mpi_ = true;
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -57,10 +69,7 @@ void MpiCommunicator::wait(void* request, const char* what, int64_t bytes) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (waited > timeout_s_) {
       // A peer is gone or stuck; no error will ever arrive. Say who and what, then end the job.
-      lt::log::error(std::string("collective ") + what + " (" + std::to_string(bytes) + " bytes) on rank " +
-                     std::to_string(rank_) + " host " + host_ + " did not complete within comm.timeout_s = " +
-                     std::to_string(timeout_s_) + " s: a peer rank is dead or stuck; aborting the job");
-      MPI_Abort(MPI_COMM_WORLD, 3);
+      abort_on_missed_deadline({what, bytes, step_, rank_, size_, host_, timeout_s_});
     }
     sched_yield();
   }
@@ -98,6 +107,63 @@ void MpiCommunicator::allreduce_sum_many(std::vector<torch::Tensor>& tensors) {
     if (staged[i]) tensors[i].copy_(bufs[i]);
   stats_.allreduce_calls += static_cast<int64_t>(tensors.size());
   stats_.allreduce_bytes += bytes;
+}
+
+// An MPI_Iallreduce in flight. The host buffer (the tensor itself, or its staging copy) is
+// held here so it outlives the request; a staged result is written back on completion.
+class MpiWork final : public Work {
+ public:
+  MpiWork(MpiCommunicator& comm, torch::Tensor target, torch::Tensor buf, bool staged)
+      : comm_(comm), target_(std::move(target)), buf_(std::move(buf)), staged_(staged) {}
+  MpiWork(const MpiWork&) = delete;
+  MpiWork& operator=(const MpiWork&) = delete;
+  // MPI still writes into buf_ until the request completes: never free it under MPI's feet.
+  ~MpiWork() override {
+    if (!done_) wait();
+  }
+
+  MPI_Request* request() { return &req_; }
+
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    if (flag) complete();
+    return done_;
+  }
+  void wait() override {
+    if (done_) return;
+    comm_.wait(&req_, "all-reduce", static_cast<int64_t>(buf_.nbytes()));
+    complete();
+  }
+
+ private:
+  void complete() {
+    if (staged_) target_.copy_(buf_);
+    done_ = true;
+  }
+
+  MpiCommunicator& comm_;
+  torch::Tensor target_, buf_;
+  bool staged_;
+  bool done_ = false;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+};
+
+std::unique_ptr<Work> MpiCommunicator::allreduce_sum_async(torch::Tensor t) {
+  bool staged = false;
+  auto buf = host_buffer(t, staged);
+  auto work = std::make_unique<MpiWork>(*this, t, buf, staged);
+  MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), static_cast<int>(buf.numel()), mpi_type(buf.scalar_type()), MPI_SUM,
+                 MPI_COMM_WORLD, work->request());
+  ++stats_.allreduce_calls;
+  stats_.allreduce_bytes += static_cast<int64_t>(buf.nbytes());
+  return work;
+}
+
+void MpiCommunicator::abort(int code) {
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
 }
 
 void MpiCommunicator::broadcast(torch::Tensor& t, int root) {

@@ -1,5 +1,6 @@
 // leantrain's command line. The only place that exits: library code throws, and this maps
-// errors to exit codes (docs/ERRORS.md): 0 success, 1 runtime failure, 2 usage/config error.
+// errors to exit codes (docs/ERRORS.md): 0 success, 1 runtime failure, 2 usage/config error,
+// 4 a failed checkpoint write, 75 preempted (3, a missed deadline, comes from comm/).
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
@@ -37,6 +38,59 @@ std::string default_out_dir(const std::string& config_path) {
   return lt::files::join("runs", lt::files::stem(config_path));
 }
 
+/// Prints the one-line message of the exception in flight ("leantrain: <who>config error:
+/// ...") and returns its exit code (docs/ERRORS.md). Call only inside a catch block.
+int report_current_exception(const std::string& who = "") {
+  const std::string lead = "leantrain: " + who;
+  try {
+    throw;
+  } catch (const lt::ConfigError& e) {
+    std::cerr << lead << "config error: " << e.what() << std::endl;
+    return lt::kExitUsage;
+  } catch (const lt::checkpoint_io::CheckpointError& e) {
+    std::cerr << lead << "checkpoint error: " << e.what() << std::endl;
+    return lt::kExitUsage;
+  } catch (const lt::DataError& e) {
+    std::cerr << lead << "data error: " << e.what() << std::endl;
+    return lt::kExitUsage;
+  } catch (const lt::StorageError& e) {
+    std::cerr << lead << "storage error: " << e.what() << std::endl;
+    return lt::kExitStorage;
+  } catch (const lt::TrainingStopped& e) {
+    std::cerr << lead << "training stopped: " << e.what() << std::endl;
+    return lt::kExitFailure;
+  } catch (const c10::Error& e) {
+    // LibTorch errors carry a C++ backtrace; users need the message.
+    std::cerr << lead << "error: " << e.what_without_backtrace() << std::endl;
+    return lt::kExitFailure;
+  } catch (const std::exception& e) {
+    std::cerr << lead << "error: " << e.what() << std::endl;
+    return lt::kExitFailure;
+  }
+}
+
+// Note [Errors on one rank]: config, data and checkpoint-read errors and a stop on a
+// non-finite loss are reached by every rank together (the inputs are the same, or the ranks
+// agree through a collective), so each rank reports and exits. Any other failure (a LibTorch
+// error, a failed checkpoint write on rank 0) happens on one rank only, and the others would
+// wait for it in their next collective until the deadline: that rank reports, then ends the
+// whole job at once (comm abort) with its exit code.
+bool reached_by_every_rank(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const lt::ConfigError&) {
+    return true;
+  } catch (const lt::checkpoint_io::CheckpointError&) {
+    return true;
+  } catch (const lt::DataError&) {
+    return true;
+  } catch (const lt::TrainingStopped&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 int run_train(const std::string& config_path, const std::vector<std::string>& sets, std::string out,
               const lt::trainers::StartOptions& start) {
   const lt::World world = lt::detect_world();
@@ -47,7 +101,16 @@ int run_train(const std::string& config_path, const std::vector<std::string>& se
   const lt::RuntimeContext ctx = lt::make_runtime_context(cfg, world);
   auto comm = lt::comm::make_communicator(cfg.comm, ctx);
   if (out.empty()) out = default_out_dir(config_path);
-  const auto s = lt::trainers::run_training(cfg, ctx, *comm, out, start);
+  lt::trainers::TrainSummary s;
+  try {
+    s = lt::trainers::run_training(cfg, ctx, *comm, out, start);
+  } catch (...) {
+    if (comm->size() == 1 || reached_by_every_rank(std::current_exception())) throw;
+    const int code =
+        report_current_exception("rank " + std::to_string(comm->rank()) + " on " + world.host + ": ");
+    comm->abort(code);  // Note [Errors on one rank]
+    return code;
+  }
   if (s.preempted) return lt::kExitPreempted;
   std::string acc = s.eval_accuracy >= 0 ? ", eval accuracy " + std::to_string(100.0 * s.eval_accuracy) + "%" : "";
   lt::log::info("done: " + std::to_string(s.steps) + " steps in " + std::to_string(s.seconds) +
@@ -118,21 +181,7 @@ int main(int argc, char** argv) {
     if (*inspect) return run_inspect(inspect_path, inspect_json);
     std::cout << app.help() << std::endl;
     return lt::kExitUsage;
-  } catch (const lt::ConfigError& e) {
-    std::cerr << "leantrain: config error: " << e.what() << std::endl;
-    return lt::kExitUsage;
-  } catch (const lt::checkpoint_io::CheckpointError& e) {
-    std::cerr << "leantrain: checkpoint error: " << e.what() << std::endl;
-    return lt::kExitUsage;
-  } catch (const lt::DataError& e) {
-    std::cerr << "leantrain: data error: " << e.what() << std::endl;
-    return lt::kExitUsage;
-  } catch (const c10::Error& e) {
-    // LibTorch errors carry a C++ backtrace; users need the message.
-    std::cerr << "leantrain: error: " << e.what_without_backtrace() << std::endl;
-    return lt::kExitFailure;
-  } catch (const std::exception& e) {
-    std::cerr << "leantrain: error: " << e.what() << std::endl;
-    return lt::kExitFailure;
+  } catch (...) {
+    return report_current_exception();
   }
 }

@@ -56,7 +56,8 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "beta2", &t.beta2}, {"train", "eps", &t.eps},
       {"train", "grad_clip", &t.grad_clip}, {"train", "eval_batch", &t.eval_batch},
       {"train", "eval_max_batches", &t.eval_max_batches}, {"train", "threads", &t.threads},
-      {"train", "device", &t.device},
+      {"train", "device", &t.device}, {"train", "nonfinite", &t.nonfinite},
+      {"train", "nonfinite_max_skips", &t.nonfinite_max_skips},
       {"precision", "mode", &p.mode}, {"precision", "init_scale", &p.init_scale},
       {"precision", "growth_factor", &p.growth_factor},
       {"precision", "backoff_factor", &p.backoff_factor},
@@ -67,6 +68,8 @@ std::vector<Field> fields_of(Config& c) {
       {"checkpoint", "keep_last", &ck.keep_last}, {"checkpoint", "async", &ck.async},
       {"comm", "backend", &cm.backend}, {"comm", "bucket_mb", &cm.bucket_mb},
       {"comm", "first_bucket_mb", &cm.first_bucket_mb}, {"comm", "timeout_s", &cm.timeout_s},
+      {"comm", "startup_timeout_s", &cm.startup_timeout_s},
+      {"comm", "overlap", &cm.overlap},
       {"log", "every_steps", &l.every_steps}, {"log", "progress", &l.progress},
       {"log", "all_ranks", &l.all_ranks},
   };
@@ -334,6 +337,8 @@ void validate(const Config& c, int world_size) {
   positive("train.eval_batch", t.eval_batch);
   non_negative("train.eval_max_batches", t.eval_max_batches);
   non_negative("train.threads", t.threads);
+  one_of("train.nonfinite", t.nonfinite, {"stop", "skip"});
+  non_negative("train.nonfinite_max_skips", t.nonfinite_max_skips);
   const int64_t per_step = t.micro_batch * world_size;
   if (t.global_batch % per_step != 0)
     bad("train.global_batch", std::to_string(t.global_batch),
@@ -371,6 +376,10 @@ void validate(const Config& c, int world_size) {
   if (!(c.comm.first_bucket_mb > 0))
     bad("comm.first_bucket_mb", std::to_string(c.comm.first_bucket_mb), "must be > 0");
   if (!(c.comm.timeout_s > 0)) bad("comm.timeout_s", std::to_string(c.comm.timeout_s), "must be > 0");
+  if (!(c.comm.startup_timeout_s >= c.comm.timeout_s))
+    bad("comm.startup_timeout_s", std::to_string(c.comm.startup_timeout_s),
+        "must be >= comm.timeout_s = " + std::to_string(c.comm.timeout_s) +
+            " (it covers setup, the first step and the steps after an evaluation or a checkpoint)");
   positive("log.every_steps", c.log.every_steps);
   one_of("log.progress", c.log.progress, {"auto", "bar", "plain", "none"});
 }

@@ -46,6 +46,12 @@ TEST_F(Cli, NegativeSizeExitsTwo) {
   expect_config_error("train --config " + demo() + " --set train.micro_batch=-1", "train.micro_batch = -1");
 }
 
+TEST_F(Cli, StartOptionsExcludeEachOther) {
+  expect_config_error("train --config " + demo() + " --resume auto --init-from x.h5",
+                      "--resume and --init-from exclude each other");
+  expect_config_error("train --config " + demo() + " --init-skip-mismatched", "--init-skip-mismatched needs --init-from");
+}
+
 TEST_F(Cli, MissingDataPathExitsTwo) {
   expect_config_error("train --config " + demo() + " --set data.path=/nonexistent/fmnist", "data.path");
 }

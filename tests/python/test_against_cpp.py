@@ -9,14 +9,24 @@ The batches are rebuilt as data/src/datasets.cpp and samples.cpp build them: the
 normalisation, text windows of seq_len+1 bytes, and BERT masking driven by std::mt19937_64
 seeded from mix_seed. If the data layer changes, this file has to follow.
 
-    .venv/bin/python tests/python/test_against_cpp.py build/bin/leantrain
+Then the outputs themselves: leantrain_dump_outputs (tests/tools/dump_outputs.cpp) rebuilds the
+C++ model from the same checkpoint, runs it in eval mode on a deterministic input and writes
+IO.h5 (`input`, `output`); leantrain_py.check_outputs must reproduce those logits within
+OUT_TOL. As a negative control, the same check against a copy of the checkpoint with one weight
+tensor perturbed (its crc32 updated, so the file stays valid) must fail with exit code 1: the
+comparison is shown to be able to fail for every model kind, in every run.
+
+    .venv/bin/python tests/python/test_against_cpp.py build/bin/leantrain [build/bin/leantrain_dump_outputs]
 Exit codes: 0 pass, 1 fail, 77 skipped (no binary given or found)."""
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,17 +34,21 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
+import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from leantrain_py.checkpoint import load_into_reference  # noqa: E402
+from leantrain_py import check_outputs  # noqa: E402
+from leantrain_py.checkpoint import crc32_of, load_into_reference  # noqa: E402
 
 SKIP = 77
 # Both sides run the same LibTorch kernels on the CPU with one thread, so the losses agree
 # bit for bit in practice. A loss is a blunt probe (using tanh instead of erf GELU moves it by
 # only ~1e-7 relative), so the tolerance is far below 1e-5.
 REL_TOL = 1e-9
+# The issue's bound on outputs: max|a-b| <= OUT_TOL * max(1, max|C++ output|) (check_outputs.py).
+OUT_TOL = 1e-5
 FASHION = "/usr/share/datasets/fashion-mnist"
 M64 = (1 << 64) - 1
 
@@ -175,11 +189,69 @@ def text_batches(corpus, eval_fraction, T, n_batches, batch, bert_vocab=0):
     return out
 
 
+# ---- outputs: leantrain_dump_outputs + check_outputs.py ----
+
+def run_check_outputs(ckpt, io_path):
+    """check_outputs.main in this process (torch is imported once): (exit code, its output)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        rc = check_outputs.main([ckpt, io_path, "--tol", str(OUT_TOL)])
+    return rc, buf.getvalue().strip()
+
+
+def dump_outputs(dump_tool, ckpt, io_path):
+    cmd = [dump_tool, ckpt, io_path, "--batch", "4", "--seed", "7"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    with h5py.File(io_path, "r") as f:
+        for name in ("input", "output"):
+            if name not in f or "crc32" not in f[name].attrs:
+                raise RuntimeError(f"{io_path}: no dataset '{name}' with a crc32 attribute")
+
+
+def perturbed_copy(ckpt, dst):
+    """A copy of `ckpt` with noise (1% of its std) added to its largest floating-point model
+    tensor, the crc32 attribute updated to match. Returns the tensor's name."""
+    shutil.copyfile(ckpt, dst)
+    with h5py.File(dst, "r+") as f:
+        model = f["model"]
+        name = max((n for n in model if model[n].dtype.kind == "f"), key=lambda n: model[n].size)
+        a = model[name][()]
+        noise = np.random.default_rng(0).standard_normal(a.shape) * 0.01 * (float(a.std()) or 1.0)
+        a = (a + noise).astype(a.dtype)
+        model[name][...] = a
+        model[name].attrs.modify("crc32", np.uint32(crc32_of(a)))
+    return name
+
+
+def check_case_outputs(dump_tool, ckpt, tmp, i):
+    """Problems found comparing the C++ and reference outputs of `ckpt` (empty: all good)."""
+    io_path = os.path.join(tmp, f"io{i}.h5")
+    dump_outputs(dump_tool, ckpt, io_path)
+    problems = []
+    rc, text = run_check_outputs(ckpt, io_path)
+    print(f"     outputs: {text}")
+    if rc != 0:
+        problems.append(f"check_outputs exit code {rc}, expected 0")
+    bad = os.path.join(tmp, f"perturbed{i}.h5")
+    name = perturbed_copy(ckpt, bad)
+    rc_bad, text_bad = run_check_outputs(bad, io_path)
+    print(f"     negative control ({name} perturbed): {text_bad}")
+    if rc_bad != 1:
+        problems.append(f"check_outputs with {name} perturbed: exit code {rc_bad}, expected 1 (a mismatch)")
+    return problems
+
+
 def main(argv):
     binary = argv[1] if len(argv) > 1 else os.path.join(ROOT, "build", "bin", "leantrain")
     if not os.access(binary, os.X_OK):
         print(f"skipped: no leantrain binary at {binary}")
         return SKIP
+    dump_tool = argv[2] if len(argv) > 2 else os.path.join(os.path.dirname(binary), "leantrain_dump_outputs")
+    if not os.access(dump_tool, os.X_OK):
+        print(f"FAIL: no leantrain_dump_outputs at {dump_tool} (build the target leantrain_dump_outputs)")
+        return 1
     torch.set_num_threads(1)
     rng = MT19937_64(5489)  # the C++ standard's check: the 10000th output of a default mt19937_64
     assert [rng() for _ in range(10000)][-1] == 9981545732273789042
@@ -221,9 +293,12 @@ def main(argv):
             print(f"{'ok  ' if ok else 'FAIL'} {name}: eval loss C++ {want:.9f}, reference {loss:.9f} "
                   f"(rel diff {rel:.2e})" + (f"; accuracy C++ {epoch['eval_accuracy']:.6f}, reference {acc:.6f}"
                                              if "eval_accuracy" in epoch else ""))
-            if not ok:
+            problems = check_case_outputs(dump_tool, ckpt, tmp, i)
+            for p in problems:
+                print(f"FAIL {name}: {p}")
+            if not ok or problems:
                 failures.append(name)
-    print(f"{ran - len(failures)}/{ran} model kinds match the C++ eval-mode forward")
+    print(f"{ran - len(failures)}/{ran} model kinds match the C++ eval-mode forward (eval loss and outputs)")
     return 1 if failures else 0
 
 

@@ -156,6 +156,21 @@ TEST(ConfigValidate, HeadsMustDivideModelWidth) {
   EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "model.n_head = 3");
 }
 
+TEST(ConfigValidate, FaultPoliciesAndDeadlines) {
+  auto c = valid();
+  c.train.nonfinite = "ignore";
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "train.nonfinite = 'ignore': allowed: stop | skip");
+  c = valid();
+  c.train.nonfinite_max_skips = -1;
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "train.nonfinite_max_skips");
+  c = valid();
+  c.comm.timeout_s = 600;
+  c.comm.startup_timeout_s = 60;
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "comm.startup_timeout_s = 60");
+  c.comm.startup_timeout_s = 600;
+  EXPECT_NO_THROW(lt::validate(c, 1));
+}
+
 TEST(ParseBytes, UnitsAndErrors) {
   EXPECT_EQ(lt::parse_bytes("8GiB"), 8LL << 30);
   EXPECT_EQ(lt::parse_bytes("512MiB"), 512LL << 20);

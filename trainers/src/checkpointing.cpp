@@ -207,8 +207,18 @@ CheckpointWriter::~CheckpointWriter() {
 }
 
 void CheckpointWriter::write(const Checkpoint& c) {
-  const auto stats = checkpoint_io::commit_checkpoint(dir_, c, keep_last_);
+  checkpoint_io::WriteStats stats;
+  try {
+    stats = checkpoint_io::commit_checkpoint(dir_, c, keep_last_);
+  } catch (const CheckpointError& e) {
+    throw StorageError(std::string(e.what()) + "; the checkpoints written before it in " + dir_ + " are intact");
+  }
   if (done_) done_(files::join(dir_, checkpoint_io::checkpoint_filename(c.step)), stats);
+}
+
+void CheckpointWriter::write_now(const Checkpoint& c) {
+  wait();
+  write(c);
 }
 
 void CheckpointWriter::submit(Checkpoint c) {

@@ -1,8 +1,10 @@
 #include "leantrain/trainers/faults.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
@@ -21,7 +23,7 @@ FaultInjector FaultInjector::parse(const std::string& spec) {
     const auto at = item.find('@');
     auto bad = [&] {
       return ConfigError("LEANTRAIN_FAULT = '" + spec + "': '" + item +
-                         "' is not kind@step[:rank] with kind kill | hang | throw | sigterm | nan | ckpt_fail");
+                         "' is not kind@step[:rank] with kind kill | hang | throw | sigterm | nan | ckpt_fail | ckpt_kill");
     };
     if (at == std::string::npos) throw bad();
     const std::string kind = item.substr(0, at), rest = item.substr(at + 1);
@@ -32,6 +34,7 @@ FaultInjector FaultInjector::parse(const std::string& spec) {
     else if (kind == "sigterm") fault.kind = FaultKind::kSigterm;
     else if (kind == "nan") fault.kind = FaultKind::kNan;
     else if (kind == "ckpt_fail") fault.kind = FaultKind::kCheckpointFail;
+    else if (kind == "ckpt_kill") fault.kind = FaultKind::kCheckpointKill;
     else throw bad();
     try {
       const auto colon = rest.find(':');
@@ -74,6 +77,31 @@ void FaultInjector::at_step_start(int64_t step, int rank) const {
     log::warn("fault injection: hanging at " + where);
     for (;;) ::pause();
   }
+}
+
+namespace {
+extern "C" void die_now(int) { ::kill(::getpid(), SIGKILL); }
+}  // namespace
+
+FileSizeFault::FileSizeFault(int64_t bytes, bool kill) {
+  struct rlimit old {};
+  ::getrlimit(RLIMIT_FSIZE, &old);
+  old_cur_ = static_cast<uint64_t>(old.rlim_cur);
+  old_max_ = static_cast<uint64_t>(old.rlim_max);
+  old_handler_ = std::signal(SIGXFSZ, kill ? die_now : SIG_IGN);
+  struct rlimit lim = old;
+  lim.rlim_cur = static_cast<rlim_t>(bytes);
+  ::setrlimit(RLIMIT_FSIZE, &lim);
+  log::warn("fault injection: files may not grow past " + std::to_string(bytes) + " bytes" +
+            (kill ? " (the process dies at the first write past it)" : " (writes past it fail)"));
+}
+
+FileSizeFault::~FileSizeFault() {
+  struct rlimit old {};
+  old.rlim_cur = static_cast<rlim_t>(old_cur_);
+  old.rlim_max = static_cast<rlim_t>(old_max_);
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler_);
 }
 
 }  // namespace lt::trainers

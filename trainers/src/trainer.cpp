@@ -130,6 +130,8 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   model->to(device);
   model->train();
   models::apply_checkpoint_policy(*model, ckpt_policy);
+  comm.set_step(0);
+  comm.set_timeout(cfg.comm.startup_timeout_s);  // Note [Deadlines]
   // Every rank starts from rank 0's weights.
   for (auto& p : model->parameters()) {
     auto d = p.data();
@@ -229,10 +231,17 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   std::vector<int64_t> perm;
   int64_t perm_epoch = -1;
   const auto params = model->parameters();
-  comm::GradientSync grad_sync(params, cfg.comm.first_bucket_mb, cfg.comm.bucket_mb);
+  comm::GradientSync grad_sync(params, cfg.comm.first_bucket_mb, cfg.comm.bucket_mb, cfg.comm.overlap);
+  if (world > 1) grad_sync.allocate_buffers();  // persistent, so part of every step's base memory
   int64_t param_bytes = 0;
   for (const auto& p : params) param_bytes += static_cast<int64_t>(p.nbytes());
   int64_t epoch_act_peak = 0;
+  int64_t nonfinite_in_a_row = 0;
+  // Note [Deadlines]: setup (broadcasts, resume), the first step (allocator warm-up, lazy
+  // initialisation) and the step after an evaluation or a checkpoint (rank 0 may still be
+  // writing) may be slow on one rank: those run under comm.startup_timeout_s; every other
+  // step under comm.timeout_s, so a dead or stuck peer is noticed in seconds, not hours.
+  bool generous_step = true;
 
   for (int64_t step = start_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch;
@@ -241,6 +250,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       perm = data::epoch_permutation(n_train, cfg.data.seed, epoch);
       perm_epoch = epoch;
     }
+    comm.set_step(step + 1);
+    comm.set_timeout(generous_step ? cfg.comm.startup_timeout_s : cfg.comm.timeout_s);
+    generous_step = false;
     faults.at_step_start(step + 1, rank);
     const auto step_start = Clock::now();
     meter.reset_peak();
@@ -266,42 +278,66 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
         loss = model->forward_loss(batch.input.to(device), batch.target.to(device));
       }
       if (faults.fires(FaultKind::kNan, step + 1, rank)) loss = loss * std::numeric_limits<double>::quiet_NaN();
+      // The buckets' all-reduces start inside the last micro-batch's backward (comm.overlap).
+      if (world > 1 && j == accum - 1) grad_sync.begin_last_backward(comm);
       // Gradients average over the whole global batch: world x accumulation micro-batches.
       scaler.scale(loss / static_cast<double>(accum * world)).backward();
       loss_sum += loss.detach();  // stays on the device: one host sync per step, below
     }
-    double comm_time = 0;
-    // Collectives issued while the micro-batches ran (must be none: accumulation is local).
-    const int64_t calls_in_microbatches = comm.stats().allreduce_calls - calls_at_step_start;
+    double comm_time = 0, comm_exposed = 0;
+    // Collectives issued while the micro-batches ran, besides the gradient buckets started in
+    // the last backward (must be none: accumulation is local).
+    const int64_t calls_in_microbatches = comm.stats().allreduce_calls - calls_at_step_start -
+                                          (world > 1 ? grad_sync.last_times().started_in_backward : 0);
     if (world > 1) {
-      // Once per optimizer step, after the last micro-batch: one all-reduce per bucket.
-      const auto c0 = Clock::now();
-      grad_sync.all_reduce(comm);
-      comm_time = seconds_since(c0);
+      // Once per optimizer step: one all-reduce per bucket; wait for them, sums into .grad.
+      grad_sync.finish(comm);
+      comm_time = grad_sync.last_times().comm_s;
+      comm_exposed = grad_sync.last_times().exposed_s;
     }
     const int64_t grad_allreduce_calls = comm.stats().allreduce_calls - calls_at_step_start - calls_in_microbatches;
     int64_t grad_bytes = 0;
     for (const auto& p : params)
       if (p.grad().defined()) grad_bytes += static_cast<int64_t>(p.grad().nbytes());
-    const double scale_used = scaler.scale_value();
-    const bool stepped = apply_update(*optimizer, scaler, params, t.grad_clip, comm);
-    if (!stepped)
-      metrics.event("skipped_step", {{"step", step + 1},
-                                     {"reason", std::string("non-finite gradient")},
-                                     {"loss_scale", scale_used},
-                                     {"new_loss_scale", scaler.scale_value()}});
-
-    // The step's loss and the preemption flag travel together: one small all-reduce, and
-    // every rank learns in the same step that some rank was asked to stop.
+    // The step's loss and the preemption flag travel together, before the update: one small
+    // all-reduce, and every rank learns in the same step that some rank was asked to stop or
+    // that the loss is not finite (Note [Non-finite loss]).
     auto flag = torch::full({1}, preemption_requested() ? 1.0 : 0.0, loss_sum.options());
     auto reduced = torch::cat({(loss_sum / static_cast<double>(accum * world)).reshape({1}), flag});
     if (world > 1) comm.allreduce_sum(reduced);
     reduced = reduced.cpu();
     const double loss_val = reduced[0].item<double>();
     const bool stop = reduced[1].item<double>() > 0;
-    if (!scaler.enabled() && !std::isfinite(loss_val))
-      throw std::runtime_error("step " + std::to_string(step + 1) + ": the training loss is " +
-                               std::to_string(loss_val) + " (lower train.lr or enable train.grad_clip)");
+
+    const double scale_used = scaler.scale_value();
+    // Note [Non-finite loss]: fp16 leaves a NaN/inf to the loss scaler (its gradients are
+    // non-finite too: the step is skipped and the scale backs off). In fp32/bf16 the update
+    // is never applied: train.nonfinite = "stop" ends the run on every rank together, "skip"
+    // drops the update (the step, its samples and the schedule still advance, as a skipped
+    // fp16 step does) up to train.nonfinite_max_skips steps in a row.
+    const bool nonfinite_loss = !scaler.enabled() && !std::isfinite(loss_val);
+    if (nonfinite_loss) {
+      ++nonfinite_in_a_row;
+      if (t.nonfinite == "stop" || nonfinite_in_a_row > t.nonfinite_max_skips)
+        throw TrainingStopped(
+            "step " + std::to_string(step + 1) + ": the training loss is " + std::to_string(loss_val) +
+            (t.nonfinite == "stop" ? std::string(" (train.nonfinite = \"stop\")")
+                                   : " in " + std::to_string(nonfinite_in_a_row) +
+                                         " steps in a row (train.nonfinite_max_skips = " +
+                                         std::to_string(t.nonfinite_max_skips) + ")") +
+            "; the update was not applied, the checkpoints in " + ckpt_dir +
+            " are intact; lower train.lr, enable train.grad_clip, or set train.nonfinite = \"skip\"");
+    } else {
+      nonfinite_in_a_row = 0;
+    }
+    const bool stepped = !nonfinite_loss && apply_update(*optimizer, scaler, params, t.grad_clip, comm);
+    if (!stepped) {
+      if (nonfinite_loss) log::warn("step " + std::to_string(step + 1) + ": non-finite loss, update skipped");
+      metrics.event("skipped_step", {{"step", step + 1},
+                                     {"reason", std::string(nonfinite_loss ? "non-finite loss" : "non-finite gradient")},
+                                     {"loss_scale", scale_used},
+                                     {"new_loss_scale", scaler.scale_value()}});
+    }
     const double step_time = seconds_since(step_start);
     const int64_t peak = meter.stats().peak_bytes;
     epoch_peak = std::max(epoch_peak, peak);
@@ -312,13 +348,15 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                       {"loss", loss_val},          {"lr", lr},
                       {"loss_scale", scale_used},         {"samples_per_s", sps},
                       {"step_time_s", step_time},  {"comm_time_s", comm_time},
+                      {"comm_exposed_s", comm_exposed},
                       {"comm_calls_in_microbatches", calls_in_microbatches},
                       {"grad_allreduce_calls", grad_allreduce_calls},
                       {"grad_buckets", static_cast<int64_t>(grad_sync.num_buckets())},
                       {"peak_mem_bytes", peak},
                       {"mem_params_bytes", param_bytes},
                       {"mem_grads_bytes", grad_bytes},
-                      {"mem_optimizer_bytes", std::max<int64_t>(0, step_base - param_bytes)},
+                      {"mem_optimizer_bytes", std::max<int64_t>(0, step_base - param_bytes - grad_sync.buffer_bytes())},
+                      {"mem_comm_buffers_bytes", grad_sync.buffer_bytes()},
                       {"mem_activations_bytes", std::max<int64_t>(0, peak - step_base - grad_bytes)}};
     epoch_act_peak = std::max(epoch_act_peak, std::max<int64_t>(0, peak - step_base - grad_bytes));
     if (tokens > 0) f.emplace_back("tokens_per_s", static_cast<double>(tokens * world) / step_time);
@@ -330,11 +368,25 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     // Sync-step checkpoints: every checkpoint.every_steps, at the end, and on preemption.
     const bool last = step + 1 == total_steps;
     const int64_t every = cfg.checkpoint.every_steps;
-    if (rank == 0 && (stop || last || (every > 0 && (step + 1) % every == 0))) {
+    const bool sync_step = stop || last || (every > 0 && (step + 1) % every == 0);
+    if (sync_step) generous_step = true;
+    if (rank == 0 && sync_step) {
       const auto c0 = Clock::now();
-      auto c = capture_state(cfg, world, *model, *optimizer, scaler, step + 1, steps_per_epoch, writer.async());
+      const bool fail = faults.fires(FaultKind::kCheckpointFail, step + 1, rank);
+      const bool crash = faults.fires(FaultKind::kCheckpointKill, step + 1, rank);
+      auto c = capture_state(cfg, world, *model, *optimizer, scaler, step + 1, steps_per_epoch,
+                             writer.async() && !fail && !crash);
       last_stall = seconds_since(c0);
-      writer.submit(std::move(c));
+      if (fail || crash) {
+        int64_t bytes = 0;
+        for (const auto* group : {&c.model, &c.optimizer})
+          for (const auto& nt : *group) bytes += static_cast<int64_t>(nt.tensor.nbytes());
+        writer.wait();  // the limit is process-wide: not on the write of an earlier checkpoint
+        FileSizeFault limit(std::max<int64_t>(bytes / 2, 4096), crash);
+        writer.write_now(c);
+      } else {
+        writer.submit(std::move(c));
+      }
       if (writer.async()) last_stall = seconds_since(c0);
     }
     if (stop) {
@@ -348,6 +400,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
 
     const bool epoch_end = (k == steps_per_epoch - 1) || (step + 1 == total_steps);
     if (epoch_end) {
+      generous_step = true;  // ranks may finish the evaluation apart
       progress.interrupt();
       const double epoch_time = seconds_since(epoch_start);
       auto ev = evaluate(*model, *data.eval, cfg, device, epoch);

@@ -65,6 +65,12 @@ struct WriteStats {
 /// temporary file is removed, nothing at `path` changes, and CheckpointError is thrown.
 WriteStats write_checkpoint(const std::string& path, const Checkpoint& c);
 
+/// Writes plain tensors as root datasets of an HDF5 file (e.g. IO.h5 with `input` and
+/// `output` for tools/leantrain_py/check_outputs.py), each with its `crc32` attribute, in the
+/// same format and with the same atomic commit as a checkpoint. Names must be non-empty and
+/// contain no '/'. Throws CheckpointError naming the file.
+WriteStats write_tensor_file(const std::string& path, const std::vector<NamedTensor>& tensors);
+
 /// Reads and verifies a whole checkpoint (format, version, every checksum) before returning
 /// any value. Throws CheckpointError naming the file and the problem.
 Checkpoint read_checkpoint(const std::string& path);

@@ -23,6 +23,26 @@ struct CommStats {
   int64_t broadcast_calls = 0;
 };
 
+/// A collective in flight (c10d's Work). A collective that misses the communicator's
+/// deadline is reported (collective, rank, host) and tears the job down: wait() then never
+/// returns. The tensors handed to the collective must stay alive and untouched until wait().
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// Drives progress without blocking; true once the collective has completed.
+  virtual bool test() = 0;
+  /// Blocks until the collective has completed (for CUDA tensors: until the caller's current
+  /// stream is ordered after it, with no host sync).
+  virtual void wait() = 0;
+};
+
+/// A collective that already completed (the blocking fallback of the async calls).
+class CompletedWork final : public Work {
+ public:
+  bool test() override { return true; }
+  void wait() override {}
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -35,16 +55,36 @@ class Communicator {
   virtual void allreduce_sum_many(std::vector<torch::Tensor>& tensors) {
     for (auto& t : tensors) allreduce_sum(t);
   }
+  /// Starts summing `t` (contiguous) over ranks in place and returns at once; the result is
+  /// there after the returned Work's wait(). Counts as one all-reduce call in stats().
+  /// The default runs the blocking all-reduce now.
+  virtual std::unique_ptr<Work> allreduce_sum_async(torch::Tensor t) {
+    allreduce_sum(t);
+    return std::make_unique<CompletedWork>();
+  }
+  /// The deadline of every collective started from now on, in seconds (comm.timeout_s at
+  /// first; the trainer may tighten it once the first step has completed).
+  virtual void set_timeout(double seconds) { (void)seconds; }
   /// Overwrites `t` on every rank with root's values.
   virtual void broadcast(torch::Tensor& t, int root) = 0;
   /// Returns every rank's `t`, in rank order.
   virtual std::vector<torch::Tensor> allgather(const torch::Tensor& t) = 0;
   virtual void barrier() = 0;
 
+  /// Ends every rank of the job now with exit code `code` (MPI_Abort; ncclCommAbort first on
+  /// GPUs), for a failure on this rank that the others cannot know of and would otherwise
+  /// wait on until their deadline. A world of one returns (the caller exits by itself).
+  virtual void abort(int code) { (void)code; }
+
+  /// The optimizer step the caller is in (1-based; 0 = setup), named in deadline reports.
+  void set_step(int64_t step) { step_ = step; }
+  int64_t step() const { return step_; }
+
   const CommStats& stats() const { return stats_; }
 
  protected:
   CommStats stats_;
+  int64_t step_ = 0;
 };
 
 /// The single-process backend: a world of one, every collective an identity.
@@ -62,8 +102,15 @@ class LocalCommunicator final : public Communicator {
   void barrier() override {}
 };
 
-/// Picks the backend from comm.backend and the world: auto is local for a world of one and
-/// MPI otherwise (NCCL is not built yet: CUDA tensors travel through host staging).
+/// The backend comm.backend resolves to ("local", "nccl" or "mpi"), a pure function: auto
+/// is local for a world of one, NCCL when the run is on CUDA and NCCL is built, MPI
+/// otherwise; mpi always works (CUDA tensors then travel through host memory); nccl needs a
+/// CUDA device and NCCL built; local needs a world of one. Throws ConfigError naming
+/// comm.backend and the fix otherwise.
+std::string choose_backend(const std::string& backend, int world, bool on_cuda, bool nccl_available);
+
+/// Makes the backend choose_backend picks for this run (ctx's world and device). Collectives
+/// run under comm.startup_timeout_s until the trainer sets the per-step deadline.
 /// Throws ConfigError naming comm.backend when the choice cannot work here.
 std::unique_ptr<Communicator> make_communicator(const CommConfig& cfg, const RuntimeContext& ctx);
 

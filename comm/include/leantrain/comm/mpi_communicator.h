@@ -19,11 +19,18 @@ class MpiCommunicator final : public Communicator {
   std::string backend() const override { return "mpi"; }
   void allreduce_sum(torch::Tensor& t) override;
   void allreduce_sum_many(std::vector<torch::Tensor>& tensors) override;
+  /// MPI_Iallreduce in place (CUDA or MPI-typeless tensors: through a host fp32 copy, written
+  /// back in wait()). test() is MPI_Test, which also drives Open MPI's progress for every
+  /// collective in flight; wait() is the deadline loop of the blocking calls.
+  std::unique_ptr<Work> allreduce_sum_async(torch::Tensor t) override;
   void broadcast(torch::Tensor& t, int root) override;
   std::vector<torch::Tensor> allgather(const torch::Tensor& t) override;
   void barrier() override;
+  void set_timeout(double seconds) override { timeout_s_ = seconds; }
+  void abort(int code) override;
 
  private:
+  friend class MpiWork;
   void wait(void* request, const char* what, int64_t bytes);
   torch::Tensor host_buffer(const torch::Tensor& t, bool& staged) const;
 

@@ -63,6 +63,10 @@ struct TrainConfig {
   int64_t eval_max_batches = 0;   // 0: the whole eval set
   int64_t threads = 0;            // intra-op threads; 0 = cores / local ranks
   std::string device = "auto";    // auto | cpu | cuda
+  // A non-finite loss in fp32/bf16 (fp16 leaves it to the loss scaler): stop the run, or
+  // skip the update (at most nonfinite_max_skips steps in a row, then stop).
+  std::string nonfinite = "stop";  // stop | skip
+  int64_t nonfinite_max_skips = 10;
 };
 
 struct PrecisionConfig {
@@ -89,7 +93,10 @@ struct CommConfig {
   std::string backend = "auto";  // auto | nccl | mpi | local
   double bucket_mb = 25.0;
   double first_bucket_mb = 1.0;
-  double timeout_s = 300.0;
+  bool overlap = true;               // start bucket all-reduces inside the last backward
+  double timeout_s = 300.0;          // deadline of a collective once training is under way
+  double startup_timeout_s = 1800.0; // the generous one: setup, the first step, and the step
+                                     // after an evaluation or a checkpoint
 };
 
 struct LogConfig {

@@ -51,8 +51,8 @@ std::optional<checkpoint_io::Checkpoint> load_for_resume(const std::string& resu
                                                          std::string* chosen_path);
 
 /// Writes checkpoints one at a time on a background thread (or inline when not async).
-/// A failed write surfaces as CheckpointError from the next submit() or wait(); the
-/// checkpoints committed before it stay intact.
+/// A failed write surfaces as lt::StorageError (naming the file and the directory) from the
+/// next submit(), write_now() or wait(); the checkpoints committed before it stay intact.
 class CheckpointWriter {
  public:
   using Done = std::function<void(const std::string& path, const checkpoint_io::WriteStats&)>;
@@ -63,6 +63,8 @@ class CheckpointWriter {
 
   /// Waits for the previous write, then writes `c` (in the background when async).
   void submit(checkpoint_io::Checkpoint c);
+  /// Waits for the previous write, then writes `c` on this thread.
+  void write_now(const checkpoint_io::Checkpoint& c);
   /// Waits for the write in flight; rethrows its error.
   void wait();
   bool async() const { return async_; }

@@ -7,7 +7,10 @@
 //   throw    throw std::runtime_error (a rank that fails with an error)
 //   sigterm  raise SIGTERM (a preemption notice: checkpoint, then exit 75)
 //   nan      make this step's loss NaN (non-finite loss policy)
-//   ckpt_fail  the checkpoint written at or after this step fails mid-write (a storage fault)
+//   ckpt_fail   the checkpoint written after this step fails mid-write, as on a full disk
+//               (a storage fault: RLIMIT_FSIZE below its size, writes fail with EFBIG)
+//   ckpt_kill   the process is SIGKILLed in the middle of writing the checkpoint of this
+//               step (a crash mid-write: the same limit, and death at the refused write)
 // Unknown kinds are a ConfigError naming the variable.
 #include <cstdint>
 #include <string>
@@ -15,7 +18,7 @@
 
 namespace lt::trainers {
 
-enum class FaultKind { kKill, kHang, kThrow, kSigterm, kNan, kCheckpointFail };
+enum class FaultKind { kKill, kHang, kThrow, kSigterm, kNan, kCheckpointFail, kCheckpointKill };
 
 struct Fault {
   FaultKind kind;
@@ -37,6 +40,22 @@ class FaultInjector {
 
  private:
   std::vector<Fault> faults_;
+};
+
+/// While alive, no file of this process may grow past `bytes` (RLIMIT_FSIZE). With `kill`
+/// the process is SIGKILLed at the first write that would (a crash in the middle of a
+/// write); without, that write fails with EFBIG, as on a full disk. Restores the limit and
+/// the SIGXFSZ disposition when destroyed.
+class FileSizeFault {
+ public:
+  FileSizeFault(int64_t bytes, bool kill);
+  ~FileSizeFault();
+  FileSizeFault(const FileSizeFault&) = delete;
+  FileSizeFault& operator=(const FileSizeFault&) = delete;
+
+ private:
+  uint64_t old_cur_ = 0, old_max_ = 0;  // rlim_t
+  void (*old_handler_)(int) = nullptr;
 };
 
 }  // namespace lt::trainers

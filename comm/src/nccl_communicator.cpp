@@ -1,0 +1,567 @@
+// The NCCL backend: CUDA tensors over NCCL on a stream of its own, CPU tensors (and the
+// bootstrap, and the barrier) over the MPI backend, as Horovod mixes NCCL and MPI. Every
+// collective on the NCCL stream is watched: a watchdog thread polls its completion event and
+// ncclCommGetAsyncError, and a collective that misses comm.timeout_s, or an asynchronous NCCL
+// error, is reported and ends the job (ncclCommAbort, then MPI_Abort) — the nccl-tests and
+// c10d watchdog. Without the CUDA toolkit at build time the class only throws.
+#include "leantrain/comm/nccl_communicator.h"
+
+#include <string>
+
+#include "leantrain/runtime/errors.h"
+
+#ifdef LEANTRAIN_HAVE_NCCL
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "leantrain/comm/mpi_communicator.h"
+#include "leantrain/runtime/log.h"
+#endif
+
+namespace lt::comm {
+
+#ifndef LEANTRAIN_HAVE_NCCL
+
+bool nccl_built() { return false; }
+int nccl_data_type(torch::ScalarType) { return -1; }
+
+struct NcclCommunicator::Impl {};
+
+NcclCommunicator::NcclCommunicator(double, std::string host, int) {
+  throw ConfigError("comm.backend = 'nccl' on host " + host +
+                    ": this leantrain was built without NCCL (no CUDA toolkit found at build time); use "
+                    "comm.backend = 'mpi' or 'auto', or rebuild with the CUDA toolkit and NCCL installed");
+}
+NcclCommunicator::~NcclCommunicator() = default;
+int NcclCommunicator::rank() const { return 0; }
+int NcclCommunicator::size() const { return 1; }
+void NcclCommunicator::allreduce_sum(torch::Tensor&) {}
+void NcclCommunicator::allreduce_sum_many(std::vector<torch::Tensor>&) {}
+std::unique_ptr<Work> NcclCommunicator::allreduce_sum_async(torch::Tensor) { return std::make_unique<CompletedWork>(); }
+void NcclCommunicator::set_timeout(double) {}
+void NcclCommunicator::broadcast(torch::Tensor&, int) {}
+std::vector<torch::Tensor> NcclCommunicator::allgather(const torch::Tensor& t) { return {t}; }
+void NcclCommunicator::barrier() {}
+void NcclCommunicator::abort(int) {}
+
+#else  // LEANTRAIN_HAVE_NCCL
+
+bool nccl_built() { return true; }
+
+int nccl_data_type(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return ncclFloat32;
+    case torch::kDouble: return ncclFloat64;
+    case torch::kHalf: return ncclFloat16;
+    case torch::kBFloat16: return ncclBfloat16;
+    case torch::kChar: return ncclInt8;
+    case torch::kByte: return ncclUint8;
+    case torch::kInt: return ncclInt32;
+    case torch::kLong: return ncclInt64;
+    default: return -1;  // bool (a sum is not an "or"), complex, float8: no NCCL sum
+  }
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Note [NCCL watchdog]
+// A collective on the NCCL stream is one Pending: the event recorded on the NCCL stream after
+// it, what it was, its bytes, the step, and the deadline in force when it started (a later
+// set_timeout does not move it). The watchdog thread polls every pending event (cudaEventQuery)
+// and the communicator's ncclCommGetAsyncError every kWatchdogPoll; Work::test()/wait() poll
+// the same. The deadline counts from the host enqueue, as c10d's does, so it includes the GPU
+// work queued before the collective on the caller's stream: comm.timeout_s must cover a step.
+// When one is late, or NCCL reports an asynchronous error (a peer's connection died, a remote
+// error), the job cannot go on: the collective is named in the log (collective, bytes, rank,
+// host, comm.timeout_s), the communicator is aborted (ncclCommAbort: the NCCL kernels exit
+// and nothing waits on the dead peer any more), then MPI_Abort(MPI_COMM_WORLD, 3) ends every
+// rank with the MPI backend's exit code. The watchdog does this itself, from its own thread:
+// the main thread may be blocked in a host sync (loss.item()) behind the stuck kernel and
+// would never get to look. Open MPI's MPI_Abort only asks the local daemon to kill the job,
+// which works from any thread (the MPI backend initialises MPI_THREAD_FUNNELED; no other MPI
+// call is made off the main thread). The watchdog also covers the host calls that can block
+// on peers: ncclCommInitRank (until every rank has joined) and each enqueue (NCCL connects two
+// ranks lazily, inside the first collective between them).
+constexpr auto kWatchdogPoll = std::chrono::milliseconds(100);
+
+struct Pending {
+  cudaEvent_t done = nullptr;  // recorded on the NCCL stream after the collective
+  std::string what;
+  int64_t bytes = 0;
+  int64_t step = 0;
+  double timeout_s = 0;
+  Clock::time_point start = Clock::now();
+  bool collective = true;  // false: a blocking setup call (ncclCommInitRank)
+  std::atomic<bool> completed{false};
+
+  Pending() = default;
+  Pending(const Pending&) = delete;
+  Pending& operator=(const Pending&) = delete;
+  ~Pending() {
+    if (done) cudaEventDestroy(done);  // legal before completion: freed once it completes
+  }
+};
+
+}  // namespace
+
+struct NcclCommunicator::Impl {
+  std::unique_ptr<MpiCommunicator> mpi;  // bootstrap, CPU tensors, barrier; destroyed last
+  std::string host;
+  int rank = 0, size = 1, device = 0;
+  std::atomic<double> timeout_s{300.0};
+  int64_t step = 0;  // mirrored from the Communicator before each collective
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  bool broken = false;  // aborted after a synchronous NCCL error: every later call throws
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Pending>> pending;  // guarded by mu
+  std::shared_ptr<Pending> blocking;             // a blocking host call under watch; guarded by mu
+  bool stopping = false;                         // guarded by mu
+  std::atomic<bool> failing{false};
+  std::thread watchdog;
+
+  ~Impl();
+
+  std::string where() const { return "rank " + std::to_string(rank) + " host " + host; }
+
+  // Reports, aborts the communicator and ends the job. Never returns; a second caller (the
+  // main thread and the watchdog racing) waits for the first one's MPI_Abort.
+  [[noreturn]] void fail(const std::string& msg) {
+    if (failing.exchange(true))
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    lt::log::error(msg);
+    if (comm) ncclCommAbort(comm);
+    MPI_Abort(MPI_COMM_WORLD, kExitCollectiveTimeout);
+    std::_Exit(kExitCollectiveTimeout);  // MPI_Abort does not return; if it did, still end
+  }
+
+  // An asynchronous NCCL error on the communicator ends the job (Note [NCCL watchdog]).
+  void check_async(const Pending* in_flight) {
+    if (!comm) return;
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+    if (r != ncclSuccess) async = r;
+    if (async == ncclSuccess || async == ncclInProgress) return;
+    std::string during = in_flight ? " during " + in_flight->what + " (" + std::to_string(in_flight->bytes) +
+                                         " bytes, step " + std::to_string(in_flight->step) + ")"
+                                   : "";
+    fail("NCCL reported an asynchronous error on " + where() + during + ": " + ncclGetErrorString(async) + " (" +
+         ncclGetLastError(comm) + "); a peer rank or its network link failed; aborting the job");
+  }
+
+  // True once `p` completed; ends the job when it is past its deadline or CUDA failed.
+  bool poll(Pending& p) {
+    if (p.completed.load()) return true;
+    const cudaError_t q = cudaEventQuery(p.done);
+    if (q == cudaSuccess) {
+      p.completed = true;
+      return true;
+    }
+    if (q != cudaErrorNotReady)
+      fail("CUDA error while NCCL " + p.what + " (" + std::to_string(p.bytes) + " bytes, step " +
+           std::to_string(p.step) + ") was in flight on " + where() + ": " + cudaGetErrorString(q) +
+           "; aborting the job");
+    if (seconds_since(p.start) > p.timeout_s) late(p);
+    return false;
+  }
+
+  [[noreturn]] void late(const Pending& p) {
+    if (!p.collective)
+      fail(p.what + " on " + where() + " did not complete within " + std::to_string(p.timeout_s) +
+           " s (comm.startup_timeout_s): a peer rank did not join or is stuck; aborting the job");
+    // The MPI backend's wording (comm/src/mpi_deadline.cpp), with NCCL named.
+    fail("collective NCCL " + p.what + " (" + std::to_string(p.bytes) + " bytes) at step " + std::to_string(p.step) +
+         " on " + where() + " did not complete within " + std::to_string(p.timeout_s) +
+         " s (comm.timeout_s, or comm.startup_timeout_s for setup and the step after an evaluation or a "
+         "checkpoint): a peer rank is dead or stuck, or the GPU work queued before it outlasted the deadline; "
+         "aborting the job");
+  }
+
+  // A host call that may block on peers (NCCL connects lazily, inside the first collective
+  // between two ranks) is watched while it runs.
+  void watch_blocking(std::shared_ptr<Pending> p) {
+    std::lock_guard<std::mutex> lk(mu);
+    blocking = std::move(p);
+  }
+
+  void watch() {
+    cudaSetDevice(device);  // events and the communicator live on this device
+    std::unique_lock<std::mutex> lk(mu);
+    while (!stopping) {
+      cv.wait_for(lk, kWatchdogPoll);
+      if (stopping) break;
+      auto snapshot = pending;
+      auto b = blocking;
+      lk.unlock();
+      check_async(snapshot.empty() ? nullptr : snapshot.front().get());
+      for (auto& p : snapshot) poll(*p);
+      if (b && seconds_since(b->start) > b->timeout_s) late(*b);
+      lk.lock();
+      pending.erase(std::remove_if(pending.begin(), pending.end(), [](const auto& p) { return p->completed.load(); }),
+                    pending.end());
+    }
+  }
+
+  void stop_watchdog() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    if (watchdog.joinable()) watchdog.join();
+  }
+
+  // A synchronous NCCL failure: abort the communicator, then throw (Horovod's order).
+  void nccl_check(ncclResult_t r, const std::string& what) {
+    if (r == ncclSuccess) return;
+    watch_blocking(nullptr);
+    std::string detail = ncclGetErrorString(r);
+    if (comm) {
+      detail += std::string(" (") + ncclGetLastError(comm) + ")";
+      stop_watchdog();  // it polls the communicator we are about to free
+      ncclCommAbort(comm);
+      comm = nullptr;
+      broken = true;
+    }
+    throw std::runtime_error("NCCL " + what + " failed on " + where() + ": " + detail +
+                             "; the NCCL communicator was aborted (see NCCL_DEBUG=WARN for details)");
+  }
+
+  void cuda_check(cudaError_t r, const std::string& what) const {
+    if (r != cudaSuccess)
+      throw std::runtime_error("CUDA " + what + " failed on " + where() + " (cuda:" + std::to_string(device) +
+                               "): " + cudaGetErrorString(r));
+  }
+
+  void usable() const {
+    if (broken)
+      throw std::runtime_error("the NCCL communicator on " + where() +
+                               " was aborted after an earlier error; no collective can run");
+  }
+
+  // The CUDA tensor's checks: on this rank's device; a type NCCL can sum (for reductions).
+  void check_tensor(const torch::Tensor& t, const char* what, bool reduce) const {
+    if (t.device().index() != device)
+      throw std::invalid_argument(std::string(what) + " of a tensor on " + t.device().str() + " on " + where() +
+                                  ": this rank's NCCL communicator is on cuda:" + std::to_string(device) +
+                                  "; move the tensor to the run's device first");
+    if (reduce && nccl_data_type(t.scalar_type()) < 0)
+      throw std::invalid_argument(std::string(what) + " of a " + std::string(c10::toString(t.scalar_type())) +
+                                  " CUDA tensor on " + where() +
+                                  ": NCCL cannot sum this type; convert it to float, double or an integer type");
+  }
+
+  // Note [Stream handoff]
+  // No host sync before or after NCCL work (llm.c's multi_gpu_async_reduce_gradient, c10d):
+  //   1. an event recorded on the caller's current stream, which the NCCL stream waits for:
+  //      the collective starts once everything queued before it (the backward pass that wrote
+  //      the gradients) has run, and compute queued later overlaps with it;
+  //   2. the collectives, grouped (one ncclGroupStart/End for a list of buckets);
+  //   3. an event recorded on the NCCL stream after them (the watchdog's Pending::done);
+  //   4. at Work::wait(), the caller's current stream waits for that event: what is queued on
+  //      it later sees the result.
+  // The tensors are recorded on the NCCL stream in the caching allocator (c10d's recordStream)
+  // so a tensor freed before wait() is not handed out again while NCCL still writes it.
+  template <class Issue>
+  std::shared_ptr<Pending> launch(const std::string& what, int64_t bytes, const std::vector<torch::Tensor>& tensors,
+                                  Issue&& issue) {
+    usable();
+    cudaStream_t compute = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+    cudaEvent_t ready = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventRecord(ready, compute), "cudaEventRecord");
+    const cudaError_t w = cudaStreamWaitEvent(stream, ready, 0);
+    cudaEventDestroy(ready);  // released once recorded work completes
+    cuda_check(w, "cudaStreamWaitEvent");
+
+    auto p = std::make_shared<Pending>();
+    p->what = what;
+    p->bytes = bytes;
+    p->step = step;
+    p->timeout_s = timeout_s.load();
+    cuda_check(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), "cudaEventCreate");
+    watch_blocking(p);
+    nccl_check(ncclGroupStart(), what);
+    issue();
+    nccl_check(ncclGroupEnd(), what);
+    watch_blocking(nullptr);
+    cuda_check(cudaEventRecord(p->done, stream), "cudaEventRecord");
+    const auto nccl_stream = c10::cuda::getStreamFromExternal(stream, static_cast<c10::DeviceIndex>(device));
+    for (const auto& t : tensors)
+      if (t.defined() && t.numel() > 0) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), nccl_stream);
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      pending.push_back(p);
+    }
+    return p;
+  }
+
+  // The caller's current stream waits for `p` (step 4 of Note [Stream handoff]).
+  void order_after(Pending& p) {
+    check_async(&p);
+    if (poll(p)) return;  // already done: nothing to wait for
+    cudaStream_t compute = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+    cuda_check(cudaStreamWaitEvent(compute, p.done, 0), "cudaStreamWaitEvent");
+  }
+};
+
+NcclCommunicator::Impl::~Impl() {
+  // Let queued NCCL work finish under the watchdog's eye, unless we are unwinding from an
+  // error (a peer may never join the collective we would wait on: abort instead).
+  const bool unwinding = std::uncaught_exceptions() > 0;
+  if (comm && stream && !unwinding) cudaStreamSynchronize(stream);
+  stop_watchdog();
+  pending.clear();
+  blocking.reset();
+  if (comm) {
+    if (unwinding)
+      ncclCommAbort(comm);
+    else
+      ncclCommDestroy(comm);
+    comm = nullptr;
+  }
+  if (stream) cudaStreamDestroy(stream);
+  mpi.reset();
+}
+
+namespace {
+
+// A Work on the NCCL stream: test() polls, wait() orders the caller's stream after it and
+// copies non-contiguous results back (on that stream, after the collective).
+class NcclWork final : public Work {
+ public:
+  NcclWork(NcclCommunicator::Impl& impl, std::shared_ptr<Pending> p, std::vector<torch::Tensor> keep,
+           std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back)
+      : impl_(impl), p_(std::move(p)), keep_(std::move(keep)), copy_back_(std::move(copy_back)) {}
+
+  bool test() override {
+    if (waited_) return true;
+    impl_.check_async(p_.get());
+    return impl_.poll(*p_);
+  }
+
+  void wait() override {
+    if (waited_) return;
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(impl_.device));
+    impl_.order_after(*p_);
+    for (auto& [dst, src] : copy_back_) dst.copy_(src);
+    waited_ = true;
+    keep_.clear();
+    copy_back_.clear();
+  }
+
+ private:
+  NcclCommunicator::Impl& impl_;
+  std::shared_ptr<Pending> p_;
+  std::vector<torch::Tensor> keep_;  // alive until wait(): NCCL reads and writes them
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back_;  // (caller's tensor, contiguous buffer)
+  bool waited_ = false;
+};
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(double timeout_s, std::string host, int device_index)
+    : impl_(std::make_unique<Impl>()) {
+  auto& m = *impl_;
+  // The device first: a CPU machine gets a clear error before MPI is touched.
+  int n = 0;
+  const cudaError_t dc = cudaGetDeviceCount(&n);
+  if (dc != cudaSuccess || n == 0)
+    throw ConfigError("comm.backend = 'nccl' on host " + host + ": no usable CUDA device (" +
+                      (dc != cudaSuccess ? std::string(cudaGetErrorString(dc)) : std::string("none visible")) +
+                      "); use comm.backend = 'mpi' or 'auto' on machines without GPUs");
+  if (device_index < 0 || device_index >= n)
+    throw ConfigError("comm.backend = 'nccl' on host " + host + ": CUDA device " + std::to_string(device_index) +
+                      " does not exist (" + std::to_string(n) + " visible); set train.device = cuda");
+  m.host = host;
+  m.timeout_s = timeout_s;
+  m.device = device_index;
+  m.mpi = std::make_unique<MpiCommunicator>(timeout_s, std::move(host));
+  m.rank = m.mpi->rank();
+  m.size = m.mpi->size();
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+
+  // Rank 0 makes the unique id; MPI carries it to every rank (under the MPI deadline).
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  auto id_t = torch::zeros({static_cast<int64_t>(sizeof(id))}, torch::kByte);
+  if (m.rank == 0) {
+    m.nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::memcpy(id_t.data_ptr(), &id, sizeof(id));
+  }
+  m.mpi->broadcast(id_t, 0);
+  std::memcpy(&id, id_t.data_ptr(), sizeof(id));
+
+  int least = 0, greatest = 0;
+  m.cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+  m.cuda_check(cudaStreamCreateWithPriority(&m.stream, cudaStreamNonBlocking, greatest), "cudaStreamCreate");
+
+  m.watchdog = std::thread([&m] { m.watch(); });
+  auto init = std::make_shared<Pending>();
+  init->what = "NCCL communicator initialisation (ncclCommInitRank, " + std::to_string(m.size) + " ranks)";
+  init->timeout_s = timeout_s;
+  init->collective = false;
+  m.watch_blocking(init);
+  const ncclResult_t r = ncclCommInitRank(&m.comm, m.size, id, m.rank);
+  m.watch_blocking(nullptr);
+  if (r != ncclSuccess) m.comm = nullptr;
+  m.nccl_check(r, "ncclCommInitRank");
+}
+
+NcclCommunicator::~NcclCommunicator() = default;
+
+int NcclCommunicator::rank() const { return impl_->rank; }
+int NcclCommunicator::size() const { return impl_->size; }
+
+void NcclCommunicator::set_timeout(double seconds) {
+  impl_->timeout_s = seconds;
+  impl_->mpi->set_timeout(seconds);
+}
+
+std::unique_ptr<Work> NcclCommunicator::allreduce_sum_async(torch::Tensor t) {
+  auto& m = *impl_;
+  if (t.is_cuda()) m.check_tensor(t, "all-reduce", true);
+  ++stats_.allreduce_calls;
+  stats_.allreduce_bytes += static_cast<int64_t>(t.nbytes());
+  if (!t.is_cuda()) return m.mpi->allreduce_sum_async(t);
+  m.step = step();
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(m.device));
+  auto buf = t.is_contiguous() ? t : t.contiguous();
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;
+  if (!buf.is_same(t)) copy_back.emplace_back(t, buf);
+  const auto type = static_cast<ncclDataType_t>(nccl_data_type(buf.scalar_type()));
+  auto p = m.launch("all-reduce", static_cast<int64_t>(buf.nbytes()), {buf}, [&] {
+    if (buf.numel() > 0)
+      m.nccl_check(ncclAllReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), type, ncclSum,
+                                 m.comm, m.stream),
+                   "all-reduce");
+  });
+  return std::make_unique<NcclWork>(m, std::move(p), std::vector<torch::Tensor>{buf}, std::move(copy_back));
+}
+
+void NcclCommunicator::allreduce_sum(torch::Tensor& t) {
+  if (!t.is_cuda()) {
+    ++stats_.allreduce_calls;
+    stats_.allreduce_bytes += static_cast<int64_t>(t.nbytes());
+    impl_->mpi->allreduce_sum(t);
+    return;
+  }
+  allreduce_sum_async(t)->wait();
+}
+
+void NcclCommunicator::allreduce_sum_many(std::vector<torch::Tensor>& tensors) {
+  auto& m = *impl_;
+  m.step = step();
+  std::vector<torch::Tensor> cpu, cuda;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;
+  int64_t cuda_bytes = 0;
+  for (auto& t : tensors) {
+    stats_.allreduce_bytes += static_cast<int64_t>(t.nbytes());
+    if (!t.is_cuda()) {
+      cpu.push_back(t);
+      continue;
+    }
+    m.check_tensor(t, "all-reduce", true);
+    auto buf = t.is_contiguous() ? t : t.contiguous();
+    if (!buf.is_same(t)) copy_back.emplace_back(t, buf);
+    cuda_bytes += static_cast<int64_t>(buf.nbytes());
+    cuda.push_back(buf);
+  }
+  stats_.allreduce_calls += static_cast<int64_t>(tensors.size());
+  // Every rank sees the same devices and dtypes, so every rank takes the same branches.
+  std::unique_ptr<Work> work;
+  if (!cuda.empty()) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(m.device));
+    auto p = m.launch("all-reduce of " + std::to_string(cuda.size()) + " tensors", cuda_bytes, cuda, [&] {
+      for (auto& b : cuda)
+        if (b.numel() > 0)
+          m.nccl_check(ncclAllReduce(b.data_ptr(), b.data_ptr(), static_cast<size_t>(b.numel()),
+                                     static_cast<ncclDataType_t>(nccl_data_type(b.scalar_type())), ncclSum, m.comm,
+                                     m.stream),
+                       "all-reduce");
+    });
+    work = std::make_unique<NcclWork>(m, std::move(p), cuda, std::move(copy_back));
+  }
+  if (!cpu.empty()) m.mpi->allreduce_sum_many(cpu);  // overlaps with the NCCL work
+  if (work) work->wait();
+}
+
+void NcclCommunicator::broadcast(torch::Tensor& t, int root) {
+  ++stats_.broadcast_calls;
+  if (!t.is_cuda()) {
+    impl_->mpi->broadcast(t, root);
+    return;
+  }
+  auto& m = *impl_;
+  m.step = step();
+  m.check_tensor(t, "broadcast", false);
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(m.device));
+  auto buf = t.is_contiguous() ? t : t.contiguous();
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;
+  if (!buf.is_same(t)) copy_back.emplace_back(t, buf);
+  // A broadcast copies bytes: any dtype travels as uint8.
+  const auto bytes = static_cast<int64_t>(buf.nbytes());
+  auto p = m.launch("broadcast", bytes, {buf}, [&] {
+    if (bytes > 0)
+      m.nccl_check(ncclBroadcast(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(bytes), ncclUint8, root, m.comm,
+                                 m.stream),
+                   "broadcast");
+  });
+  NcclWork(m, std::move(p), {buf}, std::move(copy_back)).wait();
+}
+
+std::vector<torch::Tensor> NcclCommunicator::allgather(const torch::Tensor& t) {
+  if (!t.is_cuda()) return impl_->mpi->allgather(t);
+  auto& m = *impl_;
+  m.step = step();
+  m.check_tensor(t, "all-gather", false);
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(m.device));
+  auto in = t.contiguous();
+  auto out = torch::empty({m.size, in.numel()}, in.options());
+  const auto bytes = static_cast<int64_t>(in.nbytes());
+  auto p = m.launch("all-gather", bytes * m.size, {in, out}, [&] {
+    if (bytes > 0)
+      m.nccl_check(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(bytes), ncclUint8, m.comm, m.stream),
+                   "all-gather");
+  });
+  NcclWork(m, std::move(p), {in, out}, {}).wait();
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < m.size; ++r) parts.push_back(out[r].view(t.sizes()));
+  return parts;
+}
+
+void NcclCommunicator::barrier() { impl_->mpi->barrier(); }
+
+void NcclCommunicator::abort(int code) {
+  auto& m = *impl_;
+  if (m.size == 1) return;  // nobody waits on us: the caller exits by itself
+  if (m.failing.exchange(true))
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  if (m.comm) ncclCommAbort(m.comm);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+#endif  // LEANTRAIN_HAVE_NCCL
+
+}  // namespace lt::comm

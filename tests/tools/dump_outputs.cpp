@@ -1,0 +1,105 @@
+// Test helper: the C++ model's eval-mode output on a deterministic input, for the Python
+// reference model to reproduce (tools/leantrain_py/check_outputs.py).
+//
+//   leantrain_dump_outputs CKPT.h5 IO.h5 [--batch N] [--seed S]
+//
+// Reads and verifies CKPT.h5, rebuilds the model from its model_config JSON (the `model`
+// section of the run's config) through the config parser and build_model(), loads the
+// weights after check_model(), and runs it in eval mode, fp32, under no_grad, on one thread
+// (as the Python side runs). The input is drawn from torch::manual_seed(S): token ids
+// uniform in [0, vocab_size) of shape [N, seq_len] for gpt/bert, standard-normal images
+// [N, in_channels, image_size, image_size] for resnet/mlp. IO.h5 gets datasets `input` and
+// `output` (the logits), each with its crc32 attribute. Exit codes: 0 written, 2 bad usage or
+// an unreadable / mismatching checkpoint, 1 anything else.
+#include <torch/torch.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "leantrain/checkpoint_io/checkpoint.h"
+#include "leantrain/models/model.h"
+#include "leantrain/runtime/config.h"
+#include "leantrain/runtime/errors.h"
+#include "leantrain/trainers/checkpointing.h"
+
+namespace {
+
+/// The ModelConfig a checkpoint was trained with. Each key of its model_config JSON becomes
+/// a `model.<key>=<value>` override (JSON scalars, strings and arrays are TOML values too),
+/// so the config parser's own key and type checks apply, and keys missing from an older
+/// file keep lt::ModelConfig's defaults.
+lt::ModelConfig model_config_of(const lt::checkpoint_io::Checkpoint& c, const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(c.model_config);
+  } catch (const nlohmann::json::exception& e) {
+    throw lt::checkpoint_io::CheckpointError(path + ": attribute model_config is not JSON (" + e.what() + ")");
+  }
+  if (!j.is_object())
+    throw lt::checkpoint_io::CheckpointError(path + ": attribute model_config is not a JSON object");
+  std::vector<std::string> sets;
+  for (const auto& [key, value] : j.items()) sets.push_back("model." + key + "=" + value.dump());
+  return lt::parse_config("", path + " (model_config)", sets).model;
+}
+
+torch::Tensor deterministic_input(const lt::ModelConfig& m, int64_t batch, uint64_t seed) {
+  torch::manual_seed(seed);
+  if (m.kind == "gpt" || m.kind == "bert") return torch::randint(0, m.vocab_size, {batch, m.seq_len}, torch::kLong);
+  return torch::randn({batch, m.in_channels, m.image_size, m.image_size});
+}
+
+int usage(const std::string& why) {
+  std::cerr << "leantrain_dump_outputs: " << why << "\nusage: leantrain_dump_outputs CKPT.h5 IO.h5 [--batch N] [--seed S]\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) return usage("needs a checkpoint and an output file");
+  const std::string ckpt_path = argv[1], io_path = argv[2];
+  int64_t batch = 4;
+  uint64_t seed = 0;
+  for (int i = 3; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) return usage(k + " needs a value");
+    try {
+      if (k == "--batch") batch = std::stoll(argv[i + 1]);
+      else if (k == "--seed") seed = std::stoull(argv[i + 1]);
+      else return usage("unknown option " + k);
+    } catch (const std::exception&) {
+      return usage(k + " " + argv[i + 1] + ": not a number");
+    }
+  }
+  if (batch <= 0) return usage("--batch must be positive");
+  try {
+    torch::set_num_threads(1);
+    const auto c = lt::checkpoint_io::read_checkpoint(ckpt_path);
+    const auto mcfg = model_config_of(c, ckpt_path);
+    auto model = lt::models::build_model(mcfg);
+    auto expected = lt::trainers::model_tensors(*model);
+    lt::checkpoint_io::check_model(c, expected, ckpt_path);
+    std::map<std::string, const torch::Tensor*> saved;
+    for (const auto& nt : c.model) saved[nt.name] = &nt.tensor;
+    torch::NoGradGuard no_grad;
+    for (auto& nt : expected) nt.tensor.copy_(*saved.at(nt.name));
+    model->eval();
+    const auto input = deterministic_input(mcfg, batch, seed);
+    const auto output = model->forward(input).to(torch::kFloat).contiguous();
+    lt::checkpoint_io::write_tensor_file(io_path, {{"input", input}, {"output", output}});
+    std::cout << ckpt_path << " (" << mcfg.kind << ", step " << c.step << "): input " << input.sizes() << " -> output "
+              << output.sizes() << " in " << io_path << "\n";
+    return 0;
+  } catch (const lt::ConfigError& e) {
+    std::cerr << "leantrain_dump_outputs: config error: " << e.what() << "\n";
+    return 2;
+  } catch (const lt::checkpoint_io::CheckpointError& e) {
+    std::cerr << "leantrain_dump_outputs: checkpoint error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "leantrain_dump_outputs: " << e.what() << "\n";
+    return 1;
+  }
+}
