@@ -54,6 +54,10 @@ TEST_F(Resume, ExactResumeFp16WithLossScaler) {
 
 TEST_F(Resume, ExactResumeTwoRanks) { expect_exact_resume(mpirun(2), "--set train.micro_batch=4"); }
 
+TEST_F(Resume, ExactResumeTwoRanksBf16) {
+  expect_exact_resume(mpirun(2), "--set train.micro_batch=4 --set precision.mode=bf16");
+}
+
 // A checkpoint from 2 ranks resumes on 1 (and from 1 on 2) with the same global batch
 // (accumulation recomputed) and tracks the uninterrupted 2-rank run (fp32, dropout 0).
 TEST_F(Resume, AnotherWorldSizeTracksTheUninterruptedRun) {
