@@ -111,6 +111,17 @@ EvalResult evaluate(models::Model& model, const data::Dataset& ds, const Config&
   return r;
 }
 
+// An injected storage fault (ckpt_fail / ckpt_kill): writes `c` on this thread while no
+// file may grow past half its tensor bytes, so the write fails (or the process dies) midway.
+void write_under_storage_fault(CheckpointWriter& writer, const checkpoint_io::Checkpoint& c, bool kill) {
+  int64_t bytes = 0;
+  for (const auto* group : {&c.model, &c.optimizer})
+    for (const auto& nt : *group) bytes += static_cast<int64_t>(nt.tensor.nbytes());
+  writer.wait();  // the limit is process-wide: not on the write of an earlier checkpoint
+  FileSizeFault limit(std::max<int64_t>(bytes / 2, 4096), kill);
+  writer.write_now(c);
+}
+
 }  // namespace
 
 TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Communicator& comm,
@@ -378,12 +389,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                              writer.async() && !fail && !crash);
       last_stall = seconds_since(c0);
       if (fail || crash) {
-        int64_t bytes = 0;
-        for (const auto* group : {&c.model, &c.optimizer})
-          for (const auto& nt : *group) bytes += static_cast<int64_t>(nt.tensor.nbytes());
-        writer.wait();  // the limit is process-wide: not on the write of an earlier checkpoint
-        FileSizeFault limit(std::max<int64_t>(bytes / 2, 4096), crash);
-        writer.write_now(c);
+        write_under_storage_fault(writer, c, crash);
       } else {
         writer.submit(std::move(c));
       }
