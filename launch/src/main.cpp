@@ -19,6 +19,8 @@
 #include "leantrain/runtime/log.h"
 #include "leantrain/runtime/runtime_context.h"
 #include "leantrain/runtime/world.h"
+#include "leantrain/trainers/metrics.h"
+#include "leantrain/trainers/planner.h"
 #include "leantrain/trainers/trainer.h"
 
 #ifndef LEANTRAIN_VERSION
@@ -91,18 +93,84 @@ bool reached_by_every_rank(const std::exception_ptr& e) {
   }
 }
 
-int run_train(const std::string& config_path, const std::vector<std::string>& sets, std::string out,
-              const lt::trainers::StartOptions& start) {
+/// Probes (rank 0 for every rank when `comm` is given), prints the table, writes
+/// <out>/plan.json and the `plan` event (rank 0).
+lt::trainers::Plan plan_and_report(const lt::Config& cfg, const lt::RuntimeContext& ctx, const std::string& out,
+                                   double margin, bool write_metrics, lt::comm::Communicator* comm = nullptr) {
+  lt::trainers::PlanOptions opt;
+  opt.budget = lt::parse_bytes(cfg.memory.budget);
+  opt.margin = margin;
+  auto plan = comm ? lt::trainers::agree_on_plan(cfg, ctx, *comm, opt)
+                   : lt::trainers::make_plan(cfg, ctx, ctx.world.size, opt);
+  if (ctx.world.rank == 0) {
+    std::cout << lt::trainers::plan_table(plan) << std::flush;
+    lt::files::make_dirs(out);
+    lt::files::write_atomic(lt::files::join(out, "plan.json"), lt::trainers::plan_to_json(plan) + "\n");
+    if (write_metrics) {
+      lt::trainers::MetricsWriter metrics(lt::files::join(out, "metrics.jsonl"), true);
+      metrics.event("plan", lt::trainers::plan_event(plan));
+    }
+  }
+  return plan;
+}
+
+// The planner chooses train.micro_batch: the config's own need not divide the global batch.
+void validate_for_planning(lt::Config cfg, int world_size) {
+  cfg.train.micro_batch = 1;
+  lt::validate(cfg, world_size);
+}
+
+int run_plan(const std::string& config_path, std::vector<std::string> sets, std::string out, double margin) {
+  const lt::World world = lt::detect_world();
+  lt::log::init(world.rank, world.size, false);
+  lt::Config cfg = lt::load_config(config_path, sets);
+  validate_for_planning(cfg, world.size);
+  const lt::RuntimeContext ctx = lt::make_runtime_context(cfg, world);
+  if (out.empty()) out = default_out_dir(config_path);
+  if (world.size == 1) {
+    plan_and_report(cfg, ctx, out, margin, true);
+    return lt::kExitOk;
+  }
+  // Under mpirun: rank 0 plans for all ranks (Note [--auto across ranks]).
+  auto comm = lt::comm::make_communicator(cfg.comm, ctx);
+  try {
+    plan_and_report(cfg, ctx, out, margin, true, comm.get());
+  } catch (...) {
+    if (reached_by_every_rank(std::current_exception())) throw;
+    const int code = report_current_exception("rank " + std::to_string(comm->rank()) + " on " + world.host + ": ");
+    comm->abort(code);  // Note [Errors on one rank]
+    return code;
+  }
+  return lt::kExitOk;
+}
+
+int run_train(const std::string& config_path, std::vector<std::string> sets, std::string out,
+              lt::trainers::StartOptions start, bool auto_plan) {
   const lt::World world = lt::detect_world();
   lt::log::init(world.rank, world.size, false);
   lt::Config cfg = lt::load_config(config_path, sets);
   lt::log::init(world.rank, world.size, cfg.log.all_ranks);
-  lt::validate(cfg, world.size);
+  if (out.empty()) out = default_out_dir(config_path);
+  if (auto_plan) {
+    if (lt::parse_bytes(cfg.memory.budget) <= 0)
+      throw lt::ConfigError("--auto needs a memory budget: --memory-budget SIZE (or memory.budget)");
+    validate_for_planning(cfg, world.size);
+  } else {
+    lt::validate(cfg, world.size);
+  }
+  // The plan changes neither the device, the threads nor the communicator.
   const lt::RuntimeContext ctx = lt::make_runtime_context(cfg, world);
   auto comm = lt::comm::make_communicator(cfg.comm, ctx);
-  if (out.empty()) out = default_out_dir(config_path);
   lt::trainers::TrainSummary s;
   try {
+    if (auto_plan) {
+      // Note [--auto across ranks] (trainers/src/planner.cpp): rank 0 plans for every rank.
+      const auto plan = plan_and_report(cfg, ctx, out, 0.10, false, comm.get());
+      for (const auto& o : lt::trainers::plan_overrides(plan)) sets.push_back(o);
+      cfg = lt::load_config(config_path, sets);
+      lt::validate(cfg, world.size);
+      start.plan_event = lt::trainers::plan_event(plan);
+    }
     s = lt::trainers::run_training(cfg, ctx, *comm, out, start);
   } catch (...) {
     if (comm->size() == 1 || reached_by_every_rank(std::current_exception())) throw;
@@ -141,6 +209,9 @@ int main(int argc, char** argv) {
   train->add_option("--set", sets, "Override a config key: section.key=value (repeatable)")
       ->allow_extra_args(false);
   train->add_option("--out", out_dir, "Output directory (default: runs/<config name>)");
+  std::string memory_budget;
+  train->add_option("--memory-budget", memory_budget,
+                    "Per-rank memory limit, e.g. 8GiB (overrides memory.budget; 0: none)");
   lt::trainers::StartOptions start;
   train->add_option("--resume", start.resume,
                     "Resume from 'auto' (newest valid checkpoint of this run) or a checkpoint file");
@@ -148,6 +219,24 @@ int main(int argc, char** argv) {
                     "Start from a checkpoint's model weights only (fresh optimizer, step 0)");
   train->add_flag("--init-skip-mismatched", start.init_skip_mismatched,
                   "With --init-from: skip (and list) tensors whose shapes differ, e.g. a new head");
+
+  bool auto_plan = false;
+  train->add_flag("--auto", auto_plan,
+                  "Plan first (see `plan`) under --memory-budget, then train with the fastest configuration that fits");
+
+  std::string plan_config, plan_out, plan_budget;
+  std::vector<std::string> plan_sets;
+  int64_t plan_global_batch = 0;
+  double plan_margin = 0.10;
+  auto* plan = app.add_subcommand(
+      "plan", "Measure precision x activation checkpointing x micro-batch and pick the fastest that fits a budget");
+  plan->add_option("--config", plan_config, "Config file (TOML)")->required();
+  plan->add_option("--memory-budget", plan_budget, "Per-rank memory budget, e.g. 8GiB (default: memory.budget)");
+  plan->add_option("--global-batch", plan_global_batch, "Global batch to keep (default: train.global_batch)");
+  plan->add_option("--set", plan_sets, "Override a config key: section.key=value (repeatable)")
+      ->allow_extra_args(false);
+  plan->add_option("--out", plan_out, "Output directory for plan.json (default: runs/<config name>)");
+  plan->add_option("--margin", plan_margin, "Safety margin below the budget (default 0.10)");
 
   std::string inspect_path;
   bool inspect_json = false;
@@ -176,7 +265,13 @@ int main(int argc, char** argv) {
                               "--init-from starts a new one from its weights");
       if (start.init_skip_mismatched && start.init_from.empty())
         throw lt::ConfigError("--init-skip-mismatched needs --init-from");
-      return run_train(config_path, sets, out_dir, start);
+      if (!memory_budget.empty()) sets.push_back("memory.budget=\"" + memory_budget + "\"");
+      return run_train(config_path, sets, out_dir, start, auto_plan);
+    }
+    if (*plan) {
+      if (!plan_budget.empty()) plan_sets.push_back("memory.budget=\"" + plan_budget + "\"");
+      if (plan_global_batch != 0) plan_sets.push_back("train.global_batch=" + std::to_string(plan_global_batch));
+      return run_plan(plan_config, plan_sets, plan_out, plan_margin);
     }
     if (*inspect) return run_inspect(inspect_path, inspect_json);
     std::cout << app.help() << std::endl;

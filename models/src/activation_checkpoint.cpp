@@ -121,7 +121,30 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     at::Tensor out;
     {
       torch::AutoGradMode grad_on(true);
-      out = rc->fn(inputs);
+      // The rerun is an autocast region of its own, as torch.autocast makes it in PyTorch's
+      // checkpoint: leaving it at nesting 0 clears the cast cache, which would otherwise keep
+      // a low-precision copy of the block's weights alive until the next forward ends (the
+      // rerun's graph holds the casts it needs).
+      const bool autocast = rc->ac_cpu || rc->ac_cuda;
+      if (autocast) at::autocast::increment_nesting();
+      try {
+        out = rc->fn(inputs);
+      } catch (...) {
+        // An error in the rerun (out of memory under a budget, which the trainer recovers
+        // from) leaves the caller's autocast, RNG and buffers as they were.
+        if (autocast && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+        ac_now.apply();
+        cpu_generator().set_state(cpu_rng_now);
+        for (size_t i = 0; i < rc->cuda_rng.size(); ++i)
+          cuda_generator(rc->cuda_rng[i].first).set_state(cuda_rng_now[i]);
+        if (rc->buffers_of) {
+          torch::NoGradGuard ng;
+          size_t i = 0;
+          for (auto& b : rc->buffers_of->buffers()) b.copy_(buffers[i++]);
+        }
+        throw;
+      }
+      if (autocast && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     }
     ac_now.apply();
     cpu_generator().set_state(cpu_rng_now);
@@ -207,7 +230,8 @@ CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
     p.every = std::stoll(text.substr(6));
   } else {
     throw ConfigError("memory.activation_checkpoint = '" + text +
-                      "': allowed: none | full | every:K | selective (auto is resolved by the planner)");
+                      "': allowed: none | full | every:K | selective (auto is resolved by the planner: "
+                      "train --auto --memory-budget SIZE, or the --set lines of leantrain plan)");
   }
   return p;
 }

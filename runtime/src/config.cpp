@@ -118,6 +118,11 @@ void assign(const Field& f, const toml::node& n, const std::string& where) {
     else if (n.is_floating_point()) **p = n.as_floating_point()->get();
     else throw wrong();
   } else if (auto* p = std::get_if<std::string*>(&f.ref)) {
+    // A size may also be a plain byte count (memory.budget = 8000000000, --set memory.budget=1550000).
+    if (name == "memory.budget" && n.is_integer()) {
+      **p = std::to_string(n.as_integer()->get());
+      return;
+    }
     if (!n.is_string()) throw wrong();
     **p = n.as_string()->get();
   } else if (auto* p = std::get_if<bool*>(&f.ref)) {

@@ -2,7 +2,9 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <mutex>
@@ -10,6 +12,8 @@
 
 #ifdef LEANTRAIN_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #endif
 
 namespace lt {
@@ -26,6 +30,19 @@ class TrackingCPUAllocator final : public c10::Allocator {
   explicit TrackingCPUAllocator(c10::Allocator* inner) : inner_(inner) {}
 
   c10::DataPtr allocate(size_t nbytes) override {
+    // Note [CPU memory budget]: the budget is checked before the real allocation, against the
+    // tracked current bytes, and refused with the error the CUDA caching allocator throws
+    // (c10::OutOfMemoryError), so out-of-memory handling and the planner run the same code
+    // on the CPU as on a GPU. Two threads allocating at once may both pass the check by a
+    // few bytes; training allocates from one thread.
+    const int64_t budget = budget_.load();
+    if (budget > 0 && nbytes > 0) {
+      const int64_t cur = current_.load();
+      TORCH_CHECK_WITH(OutOfMemoryError, cur + static_cast<int64_t>(nbytes) <= budget,
+                       "CPU out of memory: tried to allocate ", format_bytes(static_cast<int64_t>(nbytes)),
+                       " with ", format_bytes(cur), " allocated, past the memory budget of ",
+                       format_bytes(budget), " (memory.budget / --memory-budget)");
+    }
     c10::DataPtr inner = inner_->allocate(nbytes);
     void* data = inner.get();
     if (data == nullptr) return inner;  // zero-byte allocations carry no memory
@@ -48,6 +65,8 @@ class TrackingCPUAllocator final : public c10::Allocator {
 
   MemoryStats stats() const { return {current_.load(), peak_.load()}; }
   void reset_peak() { peak_.store(current_.load()); }
+  void set_budget(int64_t bytes) { budget_.store(bytes); }
+  int64_t budget() const { return budget_.load(); }
 
  private:
   struct Entry {
@@ -61,6 +80,7 @@ class TrackingCPUAllocator final : public c10::Allocator {
   std::unordered_map<void*, Entry> live_;
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
+  std::atomic<int64_t> budget_{0};
 };
 
 TrackingCPUAllocator* tracker() {
@@ -113,6 +133,33 @@ void MemoryMeter::reset_peak() {
   }
 #endif
   tracker()->reset_peak();
+}
+
+void MemoryMeter::set_budget(int64_t bytes) {
+  if (bytes < 0) bytes = 0;
+#ifdef LEANTRAIN_TORCH_CUDA
+  if (device_ >= 0) {
+    // The caching allocator refuses (OutOfMemoryError) an allocation that would take its
+    // reserved memory past fraction x total; fraction 1 lifts the limit.
+    const auto dev = static_cast<c10::DeviceIndex>(device_);
+    c10::cuda::CUDAGuard guard(dev);
+    size_t free_bytes = 0, total_bytes = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const double fraction =
+        bytes == 0 ? 1.0 : std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total_bytes));
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, dev);
+    cuda_budget_ = bytes;
+    return;
+  }
+#endif
+  tracker()->set_budget(bytes);
+}
+
+int64_t MemoryMeter::budget() const {
+#ifdef LEANTRAIN_TORCH_CUDA
+  if (device_ >= 0) return cuda_budget_;
+#endif
+  return tracker()->budget();
 }
 
 std::string MemoryMeter::device_name() const {

@@ -57,7 +57,7 @@ TEST_F(Cli, MissingDataPathExitsTwo) {
 }
 
 TEST_F(Cli, UnavailableFeaturesAreConfigErrorsNotCrashes) {
-  // "auto" needs the memory planner, which this build does not have.
+  // "auto" is resolved by the memory planner (train --auto); a plain run cannot take it.
   expect_config_error("train --config " + demo() + " --set memory.activation_checkpoint=auto",
                       "memory.activation_checkpoint");
 }

@@ -2,6 +2,7 @@
 // within bf16 tolerance under autocast, BatchNorm statistics move once, custom autograd
 // functions inside a block survive recomputation, and memory falls in the expected order.
 #include <gtest/gtest.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <map>
@@ -179,6 +180,40 @@ TEST(Checkpoint, NoGradForwardIsPlain) {
   lt::models::apply_checkpoint_policy(*model, CheckpointPolicy::parse("full"));
   torch::NoGradGuard ng;
   EXPECT_TRUE(torch::equal(model->forward(x), ref));
+}
+
+// Under bf16 the rerun in backward leaves no cast weights cached behind it, and a rerun that
+// fails (an out-of-memory error under a budget) puts the caller's autocast state and RNG back.
+TEST(Checkpoint, RerunClearsTheCastCacheAndAFailedRerunRestoresTheCallersState) {
+  lt::MemoryMeter meter(-1);
+  auto w = torch::randn({256, 256}, torch::requires_grad());
+  int calls = 0;
+  auto fn = [&](const std::vector<torch::Tensor>& in) {
+    if (++calls == 4) throw std::runtime_error("rerun failed");
+    return torch::matmul(in[0], w).relu();
+  };
+  auto x = torch::randn({8, 256});
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    torch::Tensor out;
+    {
+      lt::trainers::AutocastGuard ac("bf16", torch::kCPU);
+      out = lt::models::checkpoint(fn, {x}, {w});
+    }
+    const auto before = meter.stats().current_bytes;
+    torch::manual_seed(7);
+    const auto rng = torch::randn({4});
+    torch::manual_seed(7);
+    if (attempt == 0) {
+      out.sum().backward();  // call 2: the rerun succeeds
+      // Only w's gradient (256 x 256 fp32) remains; no bf16 copy of w (128 KiB) is cached.
+      EXPECT_LE(meter.stats().current_bytes - before, 256 * 256 * 4 + 4096);
+      w.mutable_grad() = torch::Tensor();
+    } else {
+      EXPECT_THROW(out.sum().backward(), std::exception);  // call 4, the rerun, throws
+    }
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+    EXPECT_TRUE(torch::equal(torch::randn({4}), rng));  // the caller's RNG stream continues
+  }
 }
 
 // The chunked head + loss equals the plain loss and gradients (up to summation order).

@@ -183,6 +183,16 @@ TEST(ParseBytes, UnitsAndErrors) {
   EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "memory.budget");
 }
 
+TEST(ParseBytes, BudgetTakesAStringSizeOrAPlainByteCount) {
+  EXPECT_EQ(lt::parse_config("[memory]\nbudget = \"2GiB\"\n", "t").memory.budget, "2GiB");
+  EXPECT_EQ(lt::parse_config("[memory]\nbudget = 1550000\n", "t").memory.budget, "1550000");
+  EXPECT_EQ(lt::parse_config("", "t", {"memory.budget=1550000"}).memory.budget, "1550000");
+  EXPECT_EQ(lt::parse_config("", "t", {"memory.budget=8GiB"}).memory.budget, "8GiB");
+  EXPECT_EQ(lt::parse_bytes(lt::parse_config("", "t", {"memory.budget=1550000"}).memory.budget), 1550000);
+  EXPECT_CONTAINS(config_error([&] { lt::parse_config("[memory]\nbudget = 1.5\n", "t"); }),
+                  "memory.budget: expected a string");
+}
+
 TEST(ConfigJson, ContainsEverySection) {
   auto j = lt::config_to_json(valid());
   for (const char* s : {"\"model\"", "\"data\"", "\"train\"", "\"precision\"", "\"memory\"",

@@ -31,6 +31,27 @@ TEST(MemoryMeter, CountsIntermediatesOfComputation) {
   EXPECT_GE(meter.stats().peak_bytes - base, 2 * 512 * 512 * 4);
 }
 
+TEST(MemoryMeter, BudgetRefusesAnAllocationPastItWithTheOutOfMemoryErrorOfAGpu) {
+  lt::MemoryMeter meter(-1);
+  const auto base = meter.stats().current_bytes;
+  meter.set_budget(base + 10'000'000);
+  EXPECT_EQ(meter.budget(), base + 10'000'000);
+  { auto fits = torch::empty({8'000'000}, torch::kUInt8); }  // 8 MB under a 10 MB headroom
+  auto held = torch::empty({6'000'000}, torch::kUInt8);
+  bool refused = false;
+  try {
+    auto too_much = torch::empty({6'000'000}, torch::kUInt8);  // 12 MB together
+  } catch (const c10::OutOfMemoryError& e) {
+    refused = true;
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("memory budget"), std::string::npos);
+  }
+  EXPECT_TRUE(refused);
+  EXPECT_LT(meter.stats().current_bytes - base, 7'000'000);  // the refused bytes were never counted
+  meter.set_budget(0);                                          // lifted
+  auto now_fits = torch::empty({6'000'000}, torch::kUInt8);
+  EXPECT_GE(meter.stats().current_bytes - base, 12'000'000);
+}
+
 TEST(MemoryMeter, FormatsBytes) {
   EXPECT_EQ(lt::format_bytes(512), "512 B");
   EXPECT_EQ(lt::format_bytes(3LL << 30), "3.00 GiB");

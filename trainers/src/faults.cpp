@@ -23,7 +23,7 @@ FaultInjector FaultInjector::parse(const std::string& spec) {
     const auto at = item.find('@');
     auto bad = [&] {
       return ConfigError("LEANTRAIN_FAULT = '" + spec + "': '" + item +
-                         "' is not kind@step[:rank] with kind kill | hang | throw | sigterm | nan | ckpt_fail | ckpt_kill");
+                         "' is not kind@step[:rank] with kind kill | hang | throw | sigterm | nan | oom | ckpt_fail | ckpt_kill");
     };
     if (at == std::string::npos) throw bad();
     const std::string kind = item.substr(0, at), rest = item.substr(at + 1);
@@ -33,6 +33,7 @@ FaultInjector FaultInjector::parse(const std::string& spec) {
     else if (kind == "throw") fault.kind = FaultKind::kThrow;
     else if (kind == "sigterm") fault.kind = FaultKind::kSigterm;
     else if (kind == "nan") fault.kind = FaultKind::kNan;
+    else if (kind == "oom") fault.kind = FaultKind::kOom;
     else if (kind == "ckpt_fail") fault.kind = FaultKind::kCheckpointFail;
     else if (kind == "ckpt_kill") fault.kind = FaultKind::kCheckpointKill;
     else throw bad();

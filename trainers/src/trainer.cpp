@@ -1,7 +1,9 @@
 #include "leantrain/trainers/trainer.h"
 
+#include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -18,6 +20,7 @@
 #include "leantrain/trainers/checkpointing.h"
 #include "leantrain/trainers/faults.h"
 #include "leantrain/trainers/metrics.h"
+#include "leantrain/trainers/optimizer.h"
 #include "leantrain/trainers/precision.h"
 #include "leantrain/trainers/progress.h"
 #include "leantrain/trainers/schedule.h"
@@ -38,6 +41,8 @@ uint64_t micro_seed(uint64_t seed, int64_t step, int rank, int64_t micro) {
   return data::mix_seed({seed, 0x5eedULL, static_cast<uint64_t>(step), static_cast<uint64_t>(rank),
                          static_cast<uint64_t>(micro)});
 }
+
+}  // namespace
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model) {
   // Weight decay on matrices and conv kernels only, not on biases and norm scales (the
@@ -64,6 +69,22 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, to
   return std::make_unique<torch::optim::SGD>(std::move(groups), defaults);
 }
 
+int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes) {
+  if (t.optimizer == "adamw") return 2 * param_bytes;
+  return t.momentum != 0 ? param_bytes : 0;
+}
+
+namespace {
+
+std::string bytes_text(int64_t b) { return format_bytes(b) + " (" + std::to_string(b) + " bytes)"; }
+
+/// The first line of a LibTorch message, without its C++ context.
+std::string first_line(const c10::Error& e) {
+  std::string m = e.what_without_backtrace();
+  const auto nl = m.find('\n');
+  return nl == std::string::npos ? m : m.substr(0, nl);
+}
+
 void set_lr(torch::optim::Optimizer& opt, double lr) {
   for (auto& g : opt.param_groups()) g.options().set_lr(lr);
 }
@@ -73,16 +94,15 @@ struct EvalResult {
   double accuracy = -1;
 };
 
-EvalResult evaluate(models::Model& model, const data::Dataset& ds, const Config& cfg,
-                    const torch::Device& device, int64_t epoch) {
+EvalResult evaluate_with_batch(models::Model& model, const data::Dataset& ds, const Config& cfg,
+                               const torch::Device& device, int64_t epoch, int64_t bs) {
   torch::NoGradGuard no_grad;
-  model.eval();
   auto acc = torch::zeros({3}, torch::TensorOptions().dtype(torch::kDouble).device(device));  // loss, count, correct
-  const int64_t n = ds.size();
-  const int64_t bs = cfg.train.eval_batch;
-  int64_t batches = 0;
+  // eval_max_batches counts batches of train.eval_batch, whatever batch an out-of-memory
+  // back-off runs with: the same samples are evaluated.
+  const int64_t n = cfg.train.eval_max_batches > 0 ? std::min(ds.size(), cfg.train.eval_max_batches * cfg.train.eval_batch)
+                                                   : ds.size();
   for (int64_t start = 0; start < n; start += bs) {
-    if (cfg.train.eval_max_batches > 0 && batches++ >= cfg.train.eval_max_batches) break;
     std::vector<int64_t> idx;
     for (int64_t i = start; i < std::min(n, start + bs); ++i) idx.push_back(i);
     auto batch = ds.get(idx, epoch);
@@ -101,7 +121,6 @@ EvalResult evaluate(models::Model& model, const data::Dataset& ds, const Config&
     acc[1] += valid.sum().to(torch::kDouble);
     acc[2] += (flat.argmax(-1).eq(tgt) & valid).sum().to(torch::kDouble);
   }
-  model.train();
   EvalResult r;
   const auto totals = acc.cpu();
   const double loss_sum = totals[0].item<double>(), count = totals[1].item<double>(),
@@ -109,6 +128,30 @@ EvalResult evaluate(models::Model& model, const data::Dataset& ds, const Config&
   r.loss = count > 0 ? loss_sum / count : 0;
   if (model.task() != models::Task::kCausalLM) r.accuracy = count > 0 ? correct / count : 0;
   return r;
+}
+
+/// Evaluation under a memory budget: an out-of-memory error halves the evaluation batch and
+/// starts the evaluation over (its sums do not depend on the batch size). `bs` keeps the
+/// batch that fitted for the next evaluation.
+EvalResult evaluate(models::Model& model, const data::Dataset& ds, const Config& cfg, const torch::Device& device,
+                    int64_t epoch, int64_t& bs) {
+  model.eval();
+  for (;;) {
+    try {
+      auto r = evaluate_with_batch(model, ds, cfg, device, epoch, bs);
+      model.train();
+      return r;
+    } catch (const c10::OutOfMemoryError& e) {
+      if (bs == 1) {
+        model.train();
+        throw std::runtime_error("evaluation: out of memory with evaluation batch 1 (" + first_line(e) +
+                                 "); raise memory.budget");
+      }
+      log::warn("evaluation: out of memory with evaluation batch " + std::to_string(bs) + "; retrying with " +
+                std::to_string(bs / 2));
+      bs /= 2;
+    }
+  }
 }
 
 // An injected storage fault (ckpt_fail / ckpt_kill): writes `c` on this thread while no
@@ -151,8 +194,35 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   for (auto& b : model->buffers()) comm.broadcast(b, 0);
   auto optimizer = make_optimizer(t, *model);
   LossScaler scaler(cfg.precision, cfg.precision.mode == "fp16", device);
+  // Note [Budget minimum]: what a step holds before its first activation: everything
+  // allocated now (parameters, buffers, any tensor a data set holds), the communication
+  // buffers (world > 1: one flat copy of the gradients), and the gradients and the optimizer
+  // state the first step allocates. A budget below that cannot run a single sample; it is
+  // refused here, before the run writes anything.
+  int64_t param_bytes = 0;
+  for (const auto& p : model->parameters()) param_bytes += static_cast<int64_t>(p.nbytes());
+  const int64_t budget = parse_bytes(cfg.memory.budget);
+  int64_t budget_minimum = 0;
+  if (budget > 0) {
+    const int64_t now = meter.stats().current_bytes;
+    const int64_t comm_bytes = world > 1 ? param_bytes : 0;
+    const int64_t opt_bytes = optimizer_state_bytes(t, param_bytes);
+    budget_minimum = now + comm_bytes + param_bytes + opt_bytes;
+    if (budget < budget_minimum)
+      throw ConfigError("memory.budget = " + bytes_text(budget) + " is below the " + bytes_text(budget_minimum) +
+                        " this run holds before any activation (allocated now: " + format_bytes(now) +
+                        ", of it parameters " + format_bytes(param_bytes) + "; gradients " +
+                        format_bytes(param_bytes) + "; optimizer state " + format_bytes(opt_bytes) +
+                        (world > 1 ? "; communication buffers " + format_bytes(comm_bytes) : std::string()) +
+                        "); set memory.budget / --memory-budget to at least " + std::to_string(budget_minimum) +
+                        " bytes plus room for activations, or use a smaller model");
+  }
 
-  const int64_t accum = accumulation_steps(t, world);
+  // What a back-off after an out-of-memory error changes (Note [Out-of-memory back-off]):
+  // the checkpoints and the rest of the run use the new micro-batch.
+  Config live = cfg;
+  int64_t micro = t.micro_batch;
+  int64_t accum = accumulation_steps(t, world);
   const int64_t n_train = data.train->size();
   const int64_t steps_per_epoch = data::global_batches_per_epoch(n_train, t.global_batch);
   if (steps_per_epoch == 0)
@@ -209,6 +279,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   }
   // A resumed run appends to the metrics of the run it continues.
   MetricsWriter metrics(files::join(out_dir, "metrics.jsonl"), rank == 0, !resumed_from.empty());
+  if (!start.plan_event.empty()) metrics.event("plan", start.plan_event);
   if (!resumed_from.empty())
     metrics.event("resume", {{"step", start_step}, {"path", resumed_from}, {"world_size", static_cast<int64_t>(world)}});
   double last_stall = 0;
@@ -244,9 +315,13 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   const auto params = model->parameters();
   comm::GradientSync grad_sync(params, cfg.comm.first_bucket_mb, cfg.comm.bucket_mb, cfg.comm.overlap);
   if (world > 1) grad_sync.allocate_buffers();  // persistent, so part of every step's base memory
-  int64_t param_bytes = 0;
-  for (const auto& p : params) param_bytes += static_cast<int64_t>(p.nbytes());
+  if (budget > 0) {
+    meter.set_budget(budget);
+    log::info("memory budget " + format_bytes(budget) + " on " + meter.device_name() + " (minimum " +
+              format_bytes(budget_minimum) + ")");
+  }
   int64_t epoch_act_peak = 0;
+  int64_t eval_batch = t.eval_batch;  // halved by an out-of-memory error in evaluation
   int64_t nonfinite_in_a_row = 0;
   // Note [Deadlines]: setup (broadcasts, resume), the first step (allocator warm-up, lazy
   // initialisation) and the step after an evaluation or a checkpoint (rank 0 may still be
@@ -275,50 +350,116 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     // gradients plus the activations of one micro-batch.
     const int64_t step_base = meter.stats().current_bytes;
 
-    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-    int64_t tokens = 0;
-    const int64_t calls_at_step_start = comm.stats().allreduce_calls;
-    for (int64_t j = 0; j < accum; ++j) {
-      auto idx = data::micro_batch_indices(perm, k, t.micro_batch, accum, world, rank, j);
-      auto batch = data.train->get(idx, epoch);
-      tokens += batch.tokens;
-      torch::manual_seed(micro_seed(cfg.data.seed, step, rank, j));
-      torch::Tensor loss;
-      {
-        AutocastGuard ac(cfg.precision.mode, device.type());
-        loss = model->forward_loss(batch.input.to(device), batch.target.to(device));
+    // Note [Out-of-memory back-off]: an out-of-memory error in a micro-batch (forward,
+    // backward, or a block's recompute) unwinds its scope, which frees its graph and batch.
+    // The rank still takes part in this step's gradient all-reduces: finish() starts the
+    // buckets the aborted backward did not (in bucket order, as on every rank), all_reduce()
+    // all of them when the last backward never began, so no peer is left waiting in a
+    // collective. The error travels as a flag in the step's one small all-reduce (loss,
+    // preemption, out of memory), before any update: every rank learns of it in the same
+    // step, drops the step's gradients, halves the micro-batch (doubles accumulation: the
+    // global batch is unchanged) and redoes the step from its first micro-batch. Global batch
+    // k holds the same samples whatever the micro-batch (data::micro_batch_indices), so no
+    // sample is lost or counted twice.
+    torch::Tensor loss_sum;
+    int64_t tokens = 0, calls_in_microbatches = 0, grad_allreduce_calls = 0;
+    double comm_time = 0, comm_exposed = 0, loss_val = 0;
+    bool stop = false;
+    for (int attempt = 0;; ++attempt) {
+      loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+      tokens = 0;
+      const int64_t calls_at_step_start = comm.stats().allreduce_calls;
+      bool last_backward_begun = false, oom = false;
+      std::string oom_what;
+      try {
+        for (int64_t j = 0; j < accum; ++j) {
+          auto idx = data::micro_batch_indices(perm, k, micro, accum, world, rank, j);
+          auto batch = data.train->get(idx, epoch);
+          tokens += batch.tokens;
+          torch::manual_seed(micro_seed(cfg.data.seed, step, rank, j));
+          torch::Tensor loss;
+          {
+            AutocastGuard ac(cfg.precision.mode, device.type());
+            loss = model->forward_loss(batch.input.to(device), batch.target.to(device));
+          }
+          if (faults.fires(FaultKind::kNan, step + 1, rank)) loss = loss * std::numeric_limits<double>::quiet_NaN();
+          // The buckets' all-reduces start inside the last micro-batch's backward (comm.overlap).
+          if (world > 1 && j == accum - 1) {
+            grad_sync.begin_last_backward(comm);
+            last_backward_begun = true;
+          }
+          if (j == accum - 1 && attempt == 0 && faults.fires(FaultKind::kOom, step + 1, rank))
+            TORCH_CHECK_WITH(OutOfMemoryError, false, "injected out of memory (LEANTRAIN_FAULT oom@", step + 1, ")");
+          // Gradients average over the whole global batch: world x accumulation micro-batches.
+          scaler.scale(loss / static_cast<double>(accum * world)).backward();
+          loss_sum += loss.detach();  // stays on the device: one host sync per step, below
+        }
+      } catch (const c10::OutOfMemoryError& e) {
+        oom = true;
+        oom_what = first_line(e);
+        optimizer->zero_grad(/*set_to_none=*/true);  // what the partial step accumulated
       }
-      if (faults.fires(FaultKind::kNan, step + 1, rank)) loss = loss * std::numeric_limits<double>::quiet_NaN();
-      // The buckets' all-reduces start inside the last micro-batch's backward (comm.overlap).
-      if (world > 1 && j == accum - 1) grad_sync.begin_last_backward(comm);
-      // Gradients average over the whole global batch: world x accumulation micro-batches.
-      scaler.scale(loss / static_cast<double>(accum * world)).backward();
-      loss_sum += loss.detach();  // stays on the device: one host sync per step, below
+      // Collectives issued while the micro-batches ran, besides the gradient buckets started in
+      // the last backward (must be none: accumulation is local).
+      calls_in_microbatches = comm.stats().allreduce_calls - calls_at_step_start -
+                              (world > 1 && last_backward_begun ? grad_sync.last_times().started_in_backward : 0);
+      if (world > 1) {
+        // Once per optimizer step: one all-reduce per bucket; wait for them, sums into .grad.
+        if (last_backward_begun)
+          grad_sync.finish(comm);
+        else
+          grad_sync.all_reduce(comm);  // out of memory before the last backward began
+        comm_time = grad_sync.last_times().comm_s;
+        comm_exposed = grad_sync.last_times().exposed_s;
+      }
+      grad_allreduce_calls = comm.stats().allreduce_calls - calls_at_step_start - calls_in_microbatches;
+      // The step's loss, the preemption flag and the out-of-memory flag travel together,
+      // before the update: one small all-reduce, and every rank learns in the same step that
+      // some rank was asked to stop, ran out of memory, or that the loss is not finite
+      // (Note [Non-finite loss]).
+      if (oom) loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+      auto flags = torch::tensor({preemption_requested() ? 1.0 : 0.0, oom ? 1.0 : 0.0}, loss_sum.options());
+      auto reduced = torch::cat({(loss_sum / static_cast<double>(accum * world)).reshape({1}), flags});
+      if (world > 1) comm.allreduce_sum(reduced);
+      reduced = reduced.cpu();
+      loss_val = reduced[0].item<double>();
+      stop = reduced[1].item<double>() > 0;
+      const int64_t ranks_oom = static_cast<int64_t>(std::lround(reduced[2].item<double>()));
+      if (ranks_oom == 0) break;
+
+      optimizer->zero_grad(/*set_to_none=*/true);  // the sums of a step that is redone
+      loss_sum = torch::Tensor();
+      const std::string who = oom ? "out of memory" : "out of memory on " + std::to_string(ranks_oom) + " other rank(s)";
+      const std::string where = "step " + std::to_string(step + 1) + ": " + who + " with micro-batch " +
+                                std::to_string(micro) + (oom ? " (" + oom_what + ")" : std::string());
+      if (micro == 1)
+        throw TrainingStopped(where + "; micro-batch 1 does not fit: enable memory.activation_checkpoint "
+                              "(selective, full), use precision.mode = \"bf16\", or raise memory.budget");
+      // Halve (an odd micro-batch drops to its largest proper divisor, 1 for a prime).
+      int64_t next = 1;
+      for (int64_t d = micro / 2; d >= 1; --d)
+        if (micro % d == 0) {
+          next = d;
+          break;
+        }
+      const int64_t next_accum = accum * (micro / next);
+      log::warn(where + "; backing off to micro-batch " + std::to_string(next) + " x " +
+                std::to_string(next_accum) + " accumulation (global batch " + std::to_string(t.global_batch) +
+                " unchanged) and redoing the step");
+      metrics.event("oom_backoff", {{"step", step + 1},
+                                    {"old_micro_batch", micro},
+                                    {"old_accumulation", accum},
+                                    {"new_micro_batch", next},
+                                    {"new_accumulation", next_accum},
+                                    {"ranks", ranks_oom}});
+      micro = next;
+      accum = next_accum;
+      live.train.micro_batch = micro;
+      meter.reset_peak();  // the step's peak is the attempt that completes
     }
-    double comm_time = 0, comm_exposed = 0;
-    // Collectives issued while the micro-batches ran, besides the gradient buckets started in
-    // the last backward (must be none: accumulation is local).
-    const int64_t calls_in_microbatches = comm.stats().allreduce_calls - calls_at_step_start -
-                                          (world > 1 ? grad_sync.last_times().started_in_backward : 0);
-    if (world > 1) {
-      // Once per optimizer step: one all-reduce per bucket; wait for them, sums into .grad.
-      grad_sync.finish(comm);
-      comm_time = grad_sync.last_times().comm_s;
-      comm_exposed = grad_sync.last_times().exposed_s;
-    }
-    const int64_t grad_allreduce_calls = comm.stats().allreduce_calls - calls_at_step_start - calls_in_microbatches;
     int64_t grad_bytes = 0;
     for (const auto& p : params)
       if (p.grad().defined()) grad_bytes += static_cast<int64_t>(p.grad().nbytes());
-    // The step's loss and the preemption flag travel together, before the update: one small
-    // all-reduce, and every rank learns in the same step that some rank was asked to stop or
-    // that the loss is not finite (Note [Non-finite loss]).
-    auto flag = torch::full({1}, preemption_requested() ? 1.0 : 0.0, loss_sum.options());
-    auto reduced = torch::cat({(loss_sum / static_cast<double>(accum * world)).reshape({1}), flag});
-    if (world > 1) comm.allreduce_sum(reduced);
-    reduced = reduced.cpu();
-    const double loss_val = reduced[0].item<double>();
-    const bool stop = reduced[1].item<double>() > 0;
 
     const double scale_used = scaler.scale_value();
     // Note [Non-finite loss]: fp16 leaves a NaN/inf to the loss scaler (its gradients are
@@ -364,6 +505,8 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                       {"grad_allreduce_calls", grad_allreduce_calls},
                       {"grad_buckets", static_cast<int64_t>(grad_sync.num_buckets())},
                       {"peak_mem_bytes", peak},
+                      {"micro_batch", micro},
+                      {"accumulation", accum},
                       {"mem_params_bytes", param_bytes},
                       {"mem_grads_bytes", grad_bytes},
                       {"mem_optimizer_bytes", std::max<int64_t>(0, step_base - param_bytes - grad_sync.buffer_bytes())},
@@ -385,10 +528,17 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       const auto c0 = Clock::now();
       const bool fail = faults.fires(FaultKind::kCheckpointFail, step + 1, rank);
       const bool crash = faults.fires(FaultKind::kCheckpointKill, step + 1, rank);
-      auto c = capture_state(cfg, world, *model, *optimizer, scaler, step + 1, steps_per_epoch,
-                             writer.async() && !fail && !crash);
+      // Note [Checkpoints under a CPU budget]: the background writer's copy of the state
+      // (parameters + optimizer state) lives in the memory the budget limits on the CPU (on a
+      // GPU it is host memory, outside the budget); with a CPU budget the write is synchronous
+      // from the live tensors instead.
+      const bool copy = writer.async() && !fail && !crash && !(budget > 0 && !ctx.on_cuda());
+      auto c = capture_state(live, world, *model, *optimizer, scaler, step + 1, steps_per_epoch, copy);
       last_stall = seconds_since(c0);
-      if (fail || crash) {
+      if (!copy && !fail && !crash && writer.async()) {
+        writer.wait();
+        writer.write_now(c);
+      } else if (fail || crash) {
         write_under_storage_fault(writer, c, crash);
       } else {
         writer.submit(std::move(c));
@@ -409,7 +559,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       generous_step = true;  // ranks may finish the evaluation apart
       progress.interrupt();
       const double epoch_time = seconds_since(epoch_start);
-      auto ev = evaluate(*model, *data.eval, cfg, device, epoch);
+      auto ev = evaluate(*model, *data.eval, cfg, device, epoch, eval_batch);
       summary.eval_loss = ev.loss;
       summary.eval_accuracy = ev.accuracy;
       summary.epochs = epoch + 1;

@@ -15,6 +15,7 @@
 #include "leantrain/comm/communicator.h"
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/config.h"
+#include "leantrain/trainers/metrics.h"
 #include "leantrain/trainers/precision.h"
 
 namespace lt::trainers {
@@ -24,6 +25,7 @@ struct StartOptions {
   std::string resume;            // "" | "auto" (newest valid in the checkpoint dir) | PATH
   std::string init_from;         // PATH: FP32 model weights only; fresh optimizer, step 0
   bool init_skip_mismatched = false;  // with init_from: skip tensors whose shapes differ
+  MetricFields plan_event;       // train --auto: the planner's choice, written first to metrics.jsonl
 };
 
 /// The checkpoint directory of a run: checkpoint.dir, or <out>/checkpoints.

@@ -7,6 +7,8 @@
 //   throw    throw std::runtime_error (a rank that fails with an error)
 //   sigterm  raise SIGTERM (a preemption notice: checkpoint, then exit 75)
 //   nan      make this step's loss NaN (non-finite loss policy)
+//   oom      an out-of-memory error (c10::OutOfMemoryError) in the first try of this step's
+//            last micro-batch, after its gradient hooks are armed (the back-off)
 //   ckpt_fail   the checkpoint written after this step fails mid-write, as on a full disk
 //               (a storage fault: RLIMIT_FSIZE below its size, writes fail with EFBIG)
 //   ckpt_kill   the process is SIGKILLed in the middle of writing the checkpoint of this
@@ -18,7 +20,7 @@
 
 namespace lt::trainers {
 
-enum class FaultKind { kKill, kHang, kThrow, kSigterm, kNan, kCheckpointFail, kCheckpointKill };
+enum class FaultKind { kKill, kHang, kThrow, kSigterm, kNan, kOom, kCheckpointFail, kCheckpointKill };
 
 struct Fault {
   FaultKind kind;

@@ -1,0 +1,176 @@
+// `leantrain plan` and `train --auto` end to end (docs/PLANNER.md): the planner measures
+// precision x activation checkpointing x micro-batch under the budget, and its choice, used
+// for a real run, never exceeds the budget. Budgets come from peaks the test measures.
+#include "cli_fixture.h"
+
+namespace {
+
+std::vector<nlohmann::json> events(const fs::path& run, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] == kind) out.push_back(j);
+  }
+  return out;
+}
+
+class Planner : public Cli {
+ protected:
+  std::string config(int steps) { return tiny_gpt_config(0.0, steps); }
+  // The largest step peak of a run of the tiny GPT with micro-batch 8 and no budget.
+  int64_t peak_of_micro8() {
+    auto r = run("train --config " + config(3) + " --out " + (dir_ / "peak").string());
+    EXPECT_EQ(r.code, 0) << r.err;
+    int64_t peak = 0;
+    for (const auto& s : events(dir_ / "peak", "step")) peak = std::max(peak, s["peak_mem_bytes"].get<int64_t>());
+    return peak;
+  }
+  // The fixed part the planner refuses a budget below (parsed from its message).
+  int64_t fixed_minimum() {
+    auto r = run("plan --config " + config(3) + " --memory-budget 100KiB --out " + (dir_ / "low").string());
+    EXPECT_EQ(r.code, 2) << r.err;
+    const auto at = r.err.find("at least ");
+    return at == std::string::npos ? -1 : std::stoll(r.err.substr(at + 9));
+  }
+  void expect_steps_within(const fs::path& run_dir, int64_t budget, size_t steps) {
+    const auto s = events(run_dir, "step");
+    EXPECT_EQ(s.size(), steps);
+    for (const auto& e : s) EXPECT_LE(e["peak_mem_bytes"].get<int64_t>(), budget) << "step " << e["step"];
+    EXPECT_TRUE(events(run_dir, "oom_backoff").empty());
+  }
+};
+
+TEST_F(Planner, BudgetBelowTheFixedPartIsRefusedWithTheMinimum) {
+  expect_config_error("plan --config " + config(3) + " --memory-budget 100KiB --out " + (dir_ / "p").string(),
+                      "memory.budget = 100.00 KiB (102400 bytes) is below the fixed part of every candidate");
+  const int64_t minimum = fixed_minimum();
+  EXPECT_GE(minimum, 4 * 114176);  // parameters, gradients, two AdamW moments of 28544 floats
+  EXPECT_LT(minimum, 4 * 114176 + 100000);
+  EXPECT_FALSE(fs::exists(dir_ / "p" / "plan.json"));
+}
+
+TEST_F(Planner, NoCandidateFittingIsAConfigErrorWithTheBudgetItNeeds) {
+  const int64_t minimum = fixed_minimum();
+  ASSERT_GT(minimum, 0);
+  auto r = run("plan --config " + config(3) + " --memory-budget " + std::to_string(minimum + 4096) + " --out " +
+               (dir_ / "p").string());
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("no configuration fits with the 10% margin"), std::string::npos) << r.err;
+  const auto at = r.err.find("give --memory-budget at least ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  EXPECT_GT(std::stoll(r.err.substr(at + 30)), minimum + 4096);
+
+  // train --auto under mpirun: rank 0's planner decides (for 2 ranks the gradient buckets
+  // add to the fixed part), and every rank stops with exit 2.
+  auto m = run_cmd(mpirun(2) + LEANTRAIN_BINARY + " train --config " + config(3) + " --auto --memory-budget " +
+                   std::to_string(minimum + 4096) + " --out " + (dir_ / "m").string());
+  EXPECT_EQ(m.code, 2) << m.err;
+  EXPECT_NE(m.err.find("give --memory-budget at least "), std::string::npos) << m.err;
+  EXPECT_NE(m.err.find("refused by the planner on rank 0"), std::string::npos) << m.err;
+}
+
+// The test: the chosen plan, used for a 30-step run, never exceeds the budget.
+TEST_F(Planner, ChosenPlanKeepsA30StepRunUnderTheBudget) {
+  const int64_t budget = peak_of_micro8() * 4 / 5;  // micro-batch 8 without recompute does not fit
+  const auto out = dir_ / "plan";
+  auto r = run("plan --config " + config(30) + " --memory-budget " + std::to_string(budget) +
+               " --global-batch 32 --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("<- chosen"), std::string::npos) << r.out;
+  const auto plan = nlohmann::json::parse(slurp(out / "plan.json"));
+  EXPECT_EQ(plan["budget_bytes"], budget);
+  EXPECT_EQ(plan["global_batch"], 32);
+  const int64_t limit = plan["limit_bytes"].get<int64_t>();
+  EXPECT_EQ(limit, static_cast<int64_t>(static_cast<double>(budget) * 0.9));
+  const auto& c = plan["chosen"];
+  EXPECT_LE(c["measured_peak_bytes"].get<int64_t>(), limit);
+  EXPECT_LE(c["predicted_peak_bytes"].get<int64_t>(), limit);
+  EXPECT_EQ(c["micro_batch"].get<int64_t>() * c["accumulation"].get<int64_t>(), 32);
+  // Every candidate was listed; the big micro-batches were pruned or ran out of memory, and
+  // the fastest prediction among those that fit was chosen.
+  int pruned_or_oom = 0;
+  double best = 0;
+  for (const auto& row : plan["candidates"]) {
+    if (!row["probed"].get<bool>()) ++pruned_or_oom;
+    if (row["fits"].get<bool>()) best = std::max(best, row["predicted_samples_per_s"].get<double>());
+    if (row["probed"].get<bool>()) EXPECT_LE(row["measured_peak_bytes"].get<int64_t>(), budget);
+  }
+  EXPECT_GT(pruned_or_oom, 0);
+  EXPECT_EQ(c["predicted_samples_per_s"].get<double>(), best);
+  const auto ev = events(out, "plan");
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["micro_batch"], c["micro_batch"]);
+  EXPECT_EQ(ev[0]["precision"], c["precision"]);
+
+  std::string sets;
+  for (const auto& s : plan["set"]) sets += " --set " + s.get<std::string>();
+  auto t = run("train --config " + config(30) + sets + " --out " + (dir_ / "run").string());
+  ASSERT_EQ(t.code, 0) << t.err;
+  expect_steps_within(dir_ / "run", budget, 30);
+  for (const auto& s : events(dir_ / "run", "step")) EXPECT_EQ(s["micro_batch"], c["micro_batch"]);
+}
+
+TEST_F(Planner, TrainAutoPlansThenTrainsWithTheChoiceUnderTheBudget) {
+  const int64_t budget = peak_of_micro8() * 4 / 5;
+  const auto out = dir_ / "run";
+  auto r = run("train --config " + config(10) + " --auto --memory-budget " + std::to_string(budget) + " --out " +
+               out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto plan = events(out, "plan");
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0]["budget_bytes"], budget);
+  EXPECT_TRUE(fs::exists(out / "plan.json"));
+  expect_steps_within(out, budget, 10);
+  for (const auto& s : events(out, "step")) {
+    EXPECT_EQ(s["micro_batch"], plan[0]["micro_batch"]);
+    EXPECT_EQ(s["accumulation"], plan[0]["accumulation"]);
+  }
+  const auto cfg = nlohmann::json::parse(slurp(out / "config.json"));
+  EXPECT_EQ(cfg["precision"]["mode"], plan[0]["precision"]);
+  EXPECT_EQ(cfg["memory"]["activation_checkpoint"], plan[0]["activation_checkpoint"]);
+}
+
+// Under mpirun rank 0 plans for both ranks and broadcasts the choice: one table, one layout
+// (per-rank batch 8 = micro x accumulation), every step under the budget.
+TEST_F(Planner, TrainAutoUnderMpirunRunsRankZerosChoiceOnEveryRank) {
+  const int64_t budget = peak_of_micro8() * 4 / 5;
+  const auto out = dir_ / "run";
+  auto r = run_cmd(mpirun(2) + LEANTRAIN_BINARY + " train --config " + config(6) + " --auto --memory-budget " +
+                   std::to_string(budget) + " --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  size_t tables = 0;
+  for (auto at = r.out.find("memory plan for"); at != std::string::npos; at = r.out.find("memory plan for", at + 1))
+    ++tables;
+  EXPECT_EQ(tables, 1u) << r.out;
+  EXPECT_NE(r.out.find("global batch 16 on 2 rank(s)"), std::string::npos) << r.out;
+  const auto plan = events(out, "plan");
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0]["micro_batch"].get<int64_t>() * plan[0]["accumulation"].get<int64_t>(), 8);
+  expect_steps_within(out, budget, 6);
+  for (const auto& s : events(out, "step")) EXPECT_EQ(s["micro_batch"], plan[0]["micro_batch"]);
+}
+
+TEST_F(Planner, PlanUnderMpirunPlansOnceForEveryRank) {
+  const auto out = dir_ / "plan";
+  auto r = run_cmd(mpirun(2) + LEANTRAIN_BINARY + " plan --config " + config(3) + " --memory-budget 1500000 --out " +
+                   out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("memory plan for"), r.out.rfind("memory plan for")) << r.out;  // one table
+  const auto plan = nlohmann::json::parse(slurp(out / "plan.json"));
+  EXPECT_EQ(plan["world_size"], 2);
+  EXPECT_EQ(plan["chosen"]["micro_batch"].get<int64_t>() * plan["chosen"]["accumulation"].get<int64_t>(), 8);
+  // The gradient buckets' buffers (one fp32 copy of the 28544 parameters) are in every fit.
+  for (const auto& row : plan["candidates"])
+    if (row["probed"].get<bool>()) EXPECT_LE(row["measured_peak_bytes"].get<int64_t>(), 1500000);
+  EXPECT_GE(plan["fixed_minimum_bytes"].get<int64_t>(), 5 * 114176);
+}
+
+TEST_F(Planner, AutoAndPlanNeedABudget) {
+  expect_config_error("train --config " + config(3) + " --auto --out " + (dir_ / "a").string(),
+                      "--auto needs a memory budget: --memory-budget SIZE (or memory.budget)");
+  expect_config_error("plan --config " + config(3) + " --out " + (dir_ / "p").string(),
+                      "leantrain plan needs a budget: --memory-budget SIZE");
+}
+
+}  // namespace

@@ -1,0 +1,20 @@
+#pragma once
+// The optimizer of a run (train.optimizer), shared by the training loop and the planner's
+// probes, and the state it will allocate.
+#include <cstdint>
+#include <memory>
+
+#include <torch/torch.h>
+
+#include "leantrain/runtime/config.h"
+
+namespace lt::trainers {
+
+/// AdamW or SGD over two groups: weight decay on tensors with >= 2 dimensions only.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model);
+
+/// Bytes of optimizer state the first update allocates: AdamW keeps two FP32 moments per
+/// parameter, SGD one momentum buffer (none without momentum).
+int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes);
+
+}  // namespace lt::trainers

@@ -1,0 +1,431 @@
+#include "leantrain/trainers/planner.h"
+
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "leantrain/comm/communicator.h"
+#include "leantrain/data/dataset.h"
+#include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/models/model.h"
+#include "leantrain/runtime/errors.h"
+#include "leantrain/runtime/log.h"
+#include "leantrain/runtime/memory_meter.h"
+#include "leantrain/trainers/optimizer.h"
+#include "leantrain/trainers/precision.h"
+
+namespace lt::trainers {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string bytes_text(int64_t b) { return format_bytes(b) + " (" + std::to_string(b) + " bytes)"; }
+
+/// Lifts the budget when the planner is done (its probes ran under it as a hard limit).
+struct BudgetScope {
+  MemoryMeter& meter;
+  BudgetScope(MemoryMeter& m, int64_t bytes) : meter(m) { meter.set_budget(bytes); }
+  ~BudgetScope() { meter.set_budget(0); }
+};
+
+struct Probe {
+  int64_t peak = 0;
+  double micro_s = 0;   // forward+backward of one micro-batch, averaged
+  double update_s = 0;  // the optimizer step, averaged
+};
+
+void sync(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// Note [Planner probe]: a probe is what one micro-batch of a training step costs in its
+// worst position. The gradients stay allocated across the probe's micro-steps (zeroed, not
+// freed), as they are while micro-batches 2..A of an accumulating step run their forward,
+// and each micro-step ends with the optimizer update, so the peak covers parameters,
+// gradients, optimizer state (and its update temporaries), the batch and the activations of
+// one micro-batch (and any tensor a data set holds, as in training). One warm-up
+// micro-step first (allocates the optimizer state, warms the allocator and lazy
+// initialisation), then measure_steps timed ones under a fresh peak.
+Probe run_probe(models::Model& model, torch::optim::Optimizer& optimizer, const data::Dataset& train,
+                const std::string& precision, const torch::Device& device, int64_t micro, int64_t steps,
+                MemoryMeter& meter) {
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < micro; ++i) idx.push_back(i % train.size());
+  Probe p;
+  auto micro_step = [&](bool timed) {
+    auto batch = train.get(idx, 0);
+    auto input = batch.input.to(device), target = batch.target.to(device);
+    sync(device);
+    const auto t0 = Clock::now();
+    {
+      torch::Tensor loss;
+      {
+        AutocastGuard ac(precision, device.type());
+        loss = model.forward_loss(input, target);
+      }
+      loss.backward();
+    }
+    sync(device);
+    const auto t1 = Clock::now();
+    optimizer.step();
+    optimizer.zero_grad(/*set_to_none=*/false);
+    sync(device);
+    const auto t2 = Clock::now();
+    if (timed) {
+      p.micro_s += std::chrono::duration<double>(t1 - t0).count();
+      p.update_s += std::chrono::duration<double>(t2 - t1).count();
+    }
+  };
+  micro_step(false);
+  meter.reset_peak();
+  for (int64_t i = 0; i < steps; ++i) micro_step(true);
+  p.peak = meter.stats().peak_bytes;
+  p.micro_s /= static_cast<double>(steps);
+  p.update_s /= static_cast<double>(steps);
+  return p;
+}
+
+/// Least squares y = a + b x; with one point, a is `intercept_if_one`.
+std::pair<double, double> fit_line(const std::vector<double>& x, const std::vector<double>& y,
+                                   double intercept_if_one) {
+  const size_t n = x.size();
+  if (n == 0) return {0, 0};
+  if (n == 1) return {intercept_if_one, (y[0] - intercept_if_one) / x[0]};
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < n; ++i) mx += x[i], my += y[i];
+  mx /= static_cast<double>(n);
+  my /= static_cast<double>(n);
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < n; ++i) sxy += (x[i] - mx) * (y[i] - my), sxx += (x[i] - mx) * (x[i] - mx);
+  const double b = sxx > 0 ? sxy / sxx : 0;
+  return {my - b * mx, b};
+}
+
+std::string fmt(double v, const char* f) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+}  // namespace
+
+Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, const PlanOptions& opt) {
+  const auto& t = cfg.train;
+  if (opt.budget <= 0)
+    throw ConfigError("leantrain plan needs a budget: --memory-budget SIZE (or memory.budget), e.g. 8GiB");
+  if (!(opt.margin >= 0 && opt.margin < 1))
+    throw ConfigError("--margin " + std::to_string(opt.margin) + ": must be in [0, 1), e.g. 0.1");
+  const int64_t per_rank = t.global_batch / world_size;
+  if (per_rank <= 0 || t.global_batch % world_size != 0)
+    throw ConfigError("train.global_batch = " + std::to_string(t.global_batch) + " must be a multiple of the " +
+                      std::to_string(world_size) + " ranks");
+
+  const torch::Device device = ctx.on_cuda() ? torch::Device(torch::kCUDA, ctx.device_index) : torch::Device(torch::kCPU);
+  MemoryMeter meter(ctx.device_index);
+  Plan plan;
+  plan.budget = opt.budget;
+  plan.margin = opt.margin;
+  plan.limit = static_cast<int64_t>(static_cast<double>(opt.budget) * (1.0 - opt.margin));
+  plan.world_size = world_size;
+  plan.global_batch = t.global_batch;
+  plan.device = meter.device_name();
+
+  std::vector<std::string> precisions = opt.precisions;
+  if (precisions.empty()) {
+    precisions.push_back("fp32");
+    try {
+      check_precision_supported("bf16", device);
+      precisions.push_back("bf16");
+    } catch (const ConfigError& e) {
+      log::info(std::string("planner: bf16 skipped: ") + e.what());
+    }
+  }
+  std::vector<int64_t> micros;  // powers of two dividing the per-rank batch
+  for (int64_t m = 1; m <= per_rank; m *= 2)
+    if (per_rank % m == 0) micros.push_back(m);
+
+  auto data = data::make_datasets(cfg.data, cfg.model);
+  // Note [Budget minimum] in trainer.cpp, for the planner: the fixed part of every candidate.
+  int64_t param_bytes = 0;
+  {
+    torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
+    auto probe_model = models::build_model(cfg.model);
+    for (const auto& p : probe_model->parameters()) param_bytes += static_cast<int64_t>(p.nbytes());
+  }
+  const int64_t comm_bytes = world_size > 1 ? param_bytes : 0;  // the gradient buckets' flat buffers
+  plan.fixed_minimum = meter.stats().current_bytes + param_bytes /*parameters*/ + param_bytes /*gradients*/ +
+                       optimizer_state_bytes(t, param_bytes) + comm_bytes;
+  if (opt.budget < plan.fixed_minimum)
+    throw ConfigError("memory.budget = " + bytes_text(opt.budget) + " is below the fixed part of every candidate, " +
+                      bytes_text(plan.fixed_minimum) + " (parameters " + format_bytes(param_bytes) +
+                      ", gradients " + format_bytes(param_bytes) + ", optimizer state " +
+                      format_bytes(optimizer_state_bytes(t, param_bytes)) +
+                      ", data and buffers): give --memory-budget at least " + std::to_string(plan.fixed_minimum) +
+                      " bytes plus room for activations");
+
+  // The probes hold no gradient buckets: under mpirun their buffers come off the budget.
+  BudgetScope scope(meter, opt.budget - comm_bytes);
+  for (const auto& precision : precisions) {
+    for (const auto& policy : opt.policies) {
+      PlanFit fit;
+      fit.precision = precision;
+      fit.policy = policy;
+      std::vector<double> xs, peaks, times, updates;
+      const size_t first_row = plan.rows.size();
+      bool pruned = false;
+      try {
+        torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
+        auto model = models::build_model(cfg.model);
+        model->to(device);
+        model->train();
+        models::apply_checkpoint_policy(*model, models::CheckpointPolicy::parse(policy));
+        auto optimizer = make_optimizer(t, *model);
+        for (const int64_t m : micros) {
+          PlanRow row;
+          row.precision = precision;
+          row.policy = policy;
+          row.micro_batch = m;
+          row.accumulation = per_rank / m;
+          // Prune: stop growing once a probe ran out of memory or the model predicts more
+          // than the budget (one point is enough: its line goes through the fixed part).
+          if (!pruned && !xs.empty()) {
+            const auto [a, b] = fit_line(xs, peaks, static_cast<double>(plan.fixed_minimum));
+            if (a + b * static_cast<double>(m) + static_cast<double>(comm_bytes) > static_cast<double>(opt.budget))
+              pruned = true;
+          }
+          if (!pruned) {
+            try {
+              const Probe p = run_probe(*model, *optimizer, *data.train, precision, device, m, opt.measure_steps, meter);
+              row.probed = true;
+              row.measured_peak = p.peak + comm_bytes;
+              row.measured_sps = static_cast<double>(t.global_batch) /
+                                 (static_cast<double>(row.accumulation) * p.micro_s + p.update_s);
+              xs.push_back(static_cast<double>(m));
+              peaks.push_back(static_cast<double>(p.peak));
+              times.push_back(p.micro_s);
+              updates.push_back(p.update_s);
+            } catch (const c10::OutOfMemoryError&) {
+              row.oom = true;
+              pruned = true;
+              optimizer->zero_grad(/*set_to_none=*/true);
+            }
+          }
+          plan.rows.push_back(row);
+        }
+      } catch (const c10::OutOfMemoryError&) {
+        // The model and its optimizer state alone did not fit: every row of this pair is out.
+        for (size_t i = plan.rows.size(); i < first_row + micros.size(); ++i) {
+          PlanRow row;
+          row.precision = precision;
+          row.policy = policy;
+          row.micro_batch = micros[i - first_row];
+          row.accumulation = per_rank / row.micro_batch;
+          row.oom = true;
+          plan.rows.push_back(row);
+        }
+      }
+      fit.points = static_cast<int>(xs.size());
+      if (!xs.empty()) {
+        const auto [a, b] = fit_line(xs, peaks, static_cast<double>(plan.fixed_minimum));
+        fit.fixed_bytes = a + static_cast<double>(comm_bytes);
+        fit.per_sample_bytes = b;
+        const auto [ta, tb] = fit_line(xs, times, 0.0);
+        fit.micro_fixed_s = std::max(0.0, ta);
+        fit.micro_per_sample_s = tb;
+        double u = 0;
+        for (double v : updates) u += v;
+        fit.update_s = u / static_cast<double>(updates.size());
+        for (size_t i = first_row; i < plan.rows.size(); ++i) {
+          auto& row = plan.rows[i];
+          const double m = static_cast<double>(row.micro_batch);
+          row.predicted_peak = static_cast<int64_t>(std::ceil(fit.fixed_bytes + fit.per_sample_bytes * m));
+          const double micro_s = std::max(1e-9, fit.micro_fixed_s + fit.micro_per_sample_s * m);
+          row.predicted_sps = static_cast<double>(t.global_batch) /
+                              (static_cast<double>(row.accumulation) * micro_s + fit.update_s);
+          row.fits = row.probed && row.measured_peak <= plan.limit && row.predicted_peak <= plan.limit;
+        }
+      }
+      plan.fits.push_back(fit);
+    }
+  }
+
+  // The choice: the highest predicted samples/s among the candidates that fit.
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const auto& r = plan.rows[i];
+    if (r.fits && (plan.chosen < 0 || r.predicted_sps > plan.rows[static_cast<size_t>(plan.chosen)].predicted_sps))
+      plan.chosen = static_cast<int>(i);
+  }
+  if (plan.chosen < 0) {
+    int64_t smallest = -1;
+    for (const auto& r : plan.rows)
+      if (r.probed && (smallest < 0 || r.measured_peak < smallest)) smallest = r.measured_peak;
+    // Every probe out of memory: the smallest candidate needs more than the whole budget.
+    const int64_t need = smallest > 0 ? smallest : opt.budget + 1;
+    const auto at_least = static_cast<int64_t>(std::ceil(static_cast<double>(need) / (1.0 - opt.margin)));
+    throw ConfigError("memory.budget = " + bytes_text(opt.budget) + ": no configuration fits with the " +
+                      fmt(100 * opt.margin, "%.0f") + "% margin (" +
+                      (smallest > 0 ? "the smallest measured peak is " + bytes_text(smallest)
+                                    : std::string("every probe, micro-batch 1 included, ran out of memory")) +
+                      "); give --memory-budget at least " + std::to_string(at_least) +
+                      " bytes, or use a smaller model or sequence");
+  }
+  return plan;
+}
+
+Plan agree_on_plan(const Config& cfg, const RuntimeContext& ctx, comm::Communicator& comm, const PlanOptions& opt) {
+  if (comm.size() == 1) return make_plan(cfg, ctx, 1, opt);
+  // Note [--auto across ranks]: every rank probing its own device could time its way to
+  // another choice (the samples/s of close candidates differ by noise), and the ranks must
+  // run one layout. Rank 0 plans; the others wait in the broadcast (setup deadline).
+  static const std::vector<std::string> precisions = {"fp32", "bf16", "fp16"};
+  static const std::vector<std::string> policies = {"none", "selective", "full"};
+  auto index_of = [](const std::vector<std::string>& v, const std::string& s) {
+    return static_cast<double>(std::find(v.begin(), v.end(), s) - v.begin());
+  };
+  Plan plan;
+  std::string error;
+  auto msg = torch::zeros({5}, torch::kDouble);  // ok, precision, policy, micro_batch, accumulation
+  if (comm.rank() == 0) {
+    try {
+      plan = make_plan(cfg, ctx, comm.size(), opt);
+      const auto& c = plan.choice();
+      msg = torch::tensor({1.0, index_of(precisions, c.precision), index_of(policies, c.policy),
+                           static_cast<double>(c.micro_batch), static_cast<double>(c.accumulation)},
+                          torch::kDouble);
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+  }
+  comm.set_timeout(cfg.comm.startup_timeout_s);
+  comm.broadcast(msg, 0);
+  if (msg[0].item<double>() == 0)
+    throw ConfigError(comm.rank() == 0 ? error
+                                       : "memory.budget = " + cfg.memory.budget +
+                                             ": refused by the planner on rank 0 (its message says why and what "
+                                             "budget it needs)");
+  if (comm.rank() == 0) return plan;
+  plan.budget = opt.budget;
+  plan.margin = opt.margin;
+  plan.limit = static_cast<int64_t>(static_cast<double>(opt.budget) * (1.0 - opt.margin));
+  plan.world_size = comm.size();
+  plan.global_batch = cfg.train.global_batch;
+  PlanRow row;
+  row.precision = precisions.at(static_cast<size_t>(msg[1].item<double>()));
+  row.policy = policies.at(static_cast<size_t>(msg[2].item<double>()));
+  row.micro_batch = static_cast<int64_t>(msg[3].item<double>());
+  row.accumulation = static_cast<int64_t>(msg[4].item<double>());
+  row.fits = true;
+  plan.rows.push_back(row);
+  plan.chosen = 0;
+  return plan;
+}
+
+std::string plan_table(const Plan& plan) {
+  std::ostringstream o;
+  o << "memory plan for " << plan.device << ": budget " << format_bytes(plan.budget) << ", limit "
+    << format_bytes(plan.limit) << " (" << fmt(100 * plan.margin, "%.0f") << "% margin), global batch "
+    << plan.global_batch << " on " << plan.world_size << " rank(s)\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-5s %-9s %6s %6s  %12s %12s  %10s %10s  %s\n", "prec", "ckpt", "micro", "accum",
+                "pred peak", "meas peak", "pred sps", "meas sps", "");
+  o << line;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const auto& r = plan.rows[i];
+    const std::string pred = r.predicted_peak >= 0 ? format_bytes(r.predicted_peak) : "-";
+    const std::string meas = r.probed ? format_bytes(r.measured_peak) : (r.oom ? "OOM" : "pruned");
+    const std::string psps = r.predicted_sps > 0 ? fmt(r.predicted_sps, "%.1f") : "-";
+    const std::string msps = r.measured_sps > 0 ? fmt(r.measured_sps, "%.1f") : "-";
+    const std::string mark = static_cast<int>(i) == plan.chosen ? "<- chosen" : (r.fits ? "fits" : "");
+    std::snprintf(line, sizeof line, "  %-5s %-9s %6lld %6lld  %12s %12s  %10s %10s  %s\n", r.precision.c_str(),
+                  r.policy.c_str(), static_cast<long long>(r.micro_batch), static_cast<long long>(r.accumulation),
+                  pred.c_str(), meas.c_str(), psps.c_str(), msps.c_str(), mark.c_str());
+    o << line;
+  }
+  o << "fits (peak = fixed + per_sample x micro_batch):\n";
+  for (const auto& f : plan.fits) {
+    if (f.points == 0) {
+      o << "  " << f.precision << " " << f.policy << ": no probe fitted\n";
+      continue;
+    }
+    o << "  " << f.precision << " " << f.policy << ": fixed " << format_bytes(static_cast<int64_t>(f.fixed_bytes))
+      << " + " << format_bytes(static_cast<int64_t>(f.per_sample_bytes)) << "/sample (" << f.points << " probes)\n";
+  }
+  if (plan.chosen >= 0) {
+    std::string sets;
+    for (const auto& s : plan_overrides(plan)) sets += " --set " + s;
+    o << "chosen:" << sets << "\n";
+  }
+  return o.str();
+}
+
+std::vector<std::string> plan_overrides(const Plan& plan) {
+  const auto& c = plan.choice();
+  return {"precision.mode=" + c.precision, "memory.activation_checkpoint=" + c.policy,
+          "train.micro_batch=" + std::to_string(c.micro_batch), "train.global_batch=" + std::to_string(plan.global_batch),
+          "memory.budget=" + std::to_string(plan.budget)};
+}
+
+MetricFields plan_event(const Plan& plan) {
+  const auto& c = plan.choice();
+  int64_t probes = 0;
+  for (const auto& r : plan.rows) probes += r.probed ? 1 : 0;
+  return {{"budget_bytes", plan.budget},
+          {"margin", plan.margin},
+          {"limit_bytes", plan.limit},
+          {"precision", c.precision},
+          {"activation_checkpoint", c.policy},
+          {"micro_batch", c.micro_batch},
+          {"accumulation", c.accumulation},
+          {"global_batch", plan.global_batch},
+          {"predicted_peak_bytes", c.predicted_peak},
+          {"measured_peak_bytes", c.measured_peak},
+          {"predicted_samples_per_s", c.predicted_sps},
+          {"measured_samples_per_s", c.measured_sps},
+          {"candidates", static_cast<int64_t>(plan.rows.size())},
+          {"probes", probes}};
+}
+
+std::string plan_to_json(const Plan& plan) {
+  auto row_json = [](const PlanRow& r) {
+    return nlohmann::json{{"precision", r.precision},         {"activation_checkpoint", r.policy},
+                          {"micro_batch", r.micro_batch},     {"accumulation", r.accumulation},
+                          {"probed", r.probed},               {"oom", r.oom},
+                          {"measured_peak_bytes", r.measured_peak}, {"predicted_peak_bytes", r.predicted_peak},
+                          {"measured_samples_per_s", r.measured_sps}, {"predicted_samples_per_s", r.predicted_sps},
+                          {"fits", r.fits}};
+  };
+  nlohmann::json j;
+  j["budget_bytes"] = plan.budget;
+  j["margin"] = plan.margin;
+  j["limit_bytes"] = plan.limit;
+  j["fixed_minimum_bytes"] = plan.fixed_minimum;
+  j["world_size"] = plan.world_size;
+  j["global_batch"] = plan.global_batch;
+  j["device"] = plan.device;
+  j["candidates"] = nlohmann::json::array();
+  for (const auto& r : plan.rows) j["candidates"].push_back(row_json(r));
+  j["fits"] = nlohmann::json::array();
+  for (const auto& f : plan.fits)
+    j["fits"].push_back({{"precision", f.precision},
+                         {"activation_checkpoint", f.policy},
+                         {"fixed_bytes", f.fixed_bytes},
+                         {"per_sample_bytes", f.per_sample_bytes},
+                         {"micro_fixed_s", f.micro_fixed_s},
+                         {"micro_per_sample_s", f.micro_per_sample_s},
+                         {"update_s", f.update_s},
+                         {"points", f.points}});
+  if (plan.chosen >= 0) {
+    j["chosen"] = row_json(plan.choice());
+    j["set"] = plan_overrides(plan);
+  }
+  return j.dump(2);
+}
+
+}  // namespace lt::trainers
