@@ -57,6 +57,7 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "grad_clip", &t.grad_clip}, {"train", "eval_batch", &t.eval_batch},
       {"train", "eval_max_batches", &t.eval_max_batches}, {"train", "threads", &t.threads},
       {"train", "device", &t.device}, {"train", "nonfinite", &t.nonfinite},
+      {"train", "lr_scaling", &t.lr_scaling}, {"train", "lr_reference_batch", &t.lr_reference_batch},
       {"train", "nonfinite_max_skips", &t.nonfinite_max_skips},
       {"precision", "mode", &p.mode}, {"precision", "init_scale", &p.init_scale},
       {"precision", "growth_factor", &p.growth_factor},
@@ -343,6 +344,12 @@ void validate(const Config& c, int world_size) {
   non_negative("train.eval_max_batches", t.eval_max_batches);
   non_negative("train.threads", t.threads);
   one_of("train.nonfinite", t.nonfinite, {"stop", "skip"});
+  one_of("train.lr_scaling", t.lr_scaling, {"none", "linear"});
+  non_negative("train.lr_reference_batch", t.lr_reference_batch);
+  if (t.lr_scaling == "linear" && t.lr_reference_batch <= 0)
+    bad("train.lr_reference_batch", std::to_string(t.lr_reference_batch),
+        "train.lr_scaling = 'linear' needs the global batch train.lr was tuned for (e.g. " +
+            std::to_string(t.global_batch) + ")");
   non_negative("train.nonfinite_max_skips", t.nonfinite_max_skips);
   const int64_t per_step = t.micro_batch * world_size;
   if (t.global_batch % per_step != 0)

@@ -46,6 +46,30 @@ TEST_F(Cli, NegativeSizeExitsTwo) {
   expect_config_error("train --config " + demo() + " --set train.micro_batch=-1", "train.micro_batch = -1");
 }
 
+// Opt-in linear lr scaling: the same recipe at twice its reference global batch runs at
+// twice the learning rate at every step (warmup and cosine shape unchanged).
+TEST_F(Cli, LinearLrScalingFollowsTheGlobalBatch) {
+  const std::string cfg = tiny_gpt_config(0.0, 4);
+  ASSERT_EQ(run("train --config " + cfg + " --set train.global_batch=32 --out " + (dir_ / "plain").string()).code, 0);
+  auto r = run("train --config " + cfg + " --set train.global_batch=32 --set train.lr_scaling=linear" +
+               " --set train.lr_reference_batch=16 --out " + (dir_ / "scaled").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("linear lr scaling"), std::string::npos) << r.err;
+  auto lrs = [](const fs::path& run_dir) {
+    std::vector<double> v;
+    std::ifstream in(run_dir / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["event"] == "step") v.push_back(j["lr"].get<double>());
+    }
+    return v;
+  };
+  const auto a = lrs(dir_ / "plain"), b = lrs(dir_ / "scaled");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], 2.0 * a[i], 1e-15) << "step " << i + 1;
+}
+
 TEST_F(Cli, StartOptionsExcludeEachOther) {
   expect_config_error("train --config " + demo() + " --resume auto --init-from x.h5",
                       "--resume and --init-from exclude each other");

@@ -169,6 +169,11 @@ TEST(ConfigValidate, FaultPoliciesAndDeadlines) {
   EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "comm.startup_timeout_s = 60");
   c.comm.startup_timeout_s = 600;
   EXPECT_NO_THROW(lt::validate(c, 1));
+  c = valid();
+  c.train.lr_scaling = "linear";
+  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "train.lr_reference_batch = 0: train.lr_scaling = 'linear' needs");
+  c.train.lr_reference_batch = 64;
+  EXPECT_NO_THROW(lt::validate(c, 1));
 }
 
 TEST(ParseBytes, UnitsAndErrors) {

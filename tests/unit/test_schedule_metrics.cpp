@@ -27,6 +27,15 @@ TEST(Schedule, WarmupThenCosineToMinLr) {
   for (int s = 5; s < 104; ++s) EXPECT_LE(lt::trainers::lr_at(t, s, 104), lt::trainers::lr_at(t, s - 1, 104));
   t.schedule = "constant";
   EXPECT_DOUBLE_EQ(lt::trainers::lr_at(t, 50, 104), 1.0);
+  // Opt-in linear scaling: lr and min_lr x global_batch / lr_reference_batch, nothing else.
+  t.schedule = "cosine";
+  t.global_batch = 512;
+  t.lr_reference_batch = 128;
+  EXPECT_DOUBLE_EQ(lt::trainers::lr_scale(t), 1.0);  // lr_scaling = "none"
+  auto scaled = t;
+  scaled.lr_scaling = "linear";
+  EXPECT_DOUBLE_EQ(lt::trainers::lr_scale(scaled), 4.0);
+  for (int s : {0, 3, 4, 54, 104}) EXPECT_NEAR(lt::trainers::lr_at(scaled, s, 104), 4.0 * lt::trainers::lr_at(t, s, 104), 1e-12) << s;
 }
 
 TEST(Metrics, OneJsonObjectPerLineWithEvent) {

@@ -304,6 +304,10 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
             " ranks x " + std::to_string(t.micro_batch) + " micro x " + std::to_string(accum) +
             " accumulation; activation checkpoint " + ckpt_policy.to_string() + "; " + std::to_string(total_steps) + " steps (" +
             std::to_string(steps_per_epoch) + " per epoch)");
+  if (lr_scale(t) != 1.0)
+    log::info("linear lr scaling: train.lr " + std::to_string(t.lr) + " x global batch " +
+              std::to_string(t.global_batch) + " / train.lr_reference_batch " + std::to_string(t.lr_reference_batch) +
+              " = " + std::to_string(t.lr * lr_scale(t)));
 
   Progress progress(cfg.log.progress, total_steps, cfg.log.every_steps, rank == 0);
   TrainSummary summary;

@@ -65,6 +65,10 @@ struct TrainConfig {
   std::string device = "auto";    // auto | cpu | cuda
   // A non-finite loss in fp32/bf16 (fp16 leaves it to the loss scaler): stop the run, or
   // skip the update (at most nonfinite_max_skips steps in a row, then stop).
+  // Opt-in linear learning-rate scaling: lr and min_lr are meant for a global batch of
+  // lr_reference_batch; with "linear" they are multiplied by global_batch / lr_reference_batch.
+  std::string lr_scaling = "none";  // none | linear
+  int64_t lr_reference_batch = 0;
   std::string nonfinite = "stop";  // stop | skip
   int64_t nonfinite_max_skips = 10;
 };
