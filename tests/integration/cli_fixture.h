@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -97,6 +98,24 @@ class Cli : public ::testing::Test {
 
   fs::path dir_;
 };
+
+// The metrics events of one kind ("step", "epoch", "skipped_step", ...) of a run directory.
+std::vector<nlohmann::json> events(const fs::path& run, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] == kind) out.push_back(j);
+  }
+  return out;
+}
+
+// The checkpoint of `step` in a run directory's default checkpoint folder.
+std::string ck(const fs::path& run, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08d.h5", step);
+  return (run / "checkpoints" / name).string();
+}
 
 // Per-step losses (ordered by step) and the final eval loss of a run directory. A resumed
 // run appends to its metrics; a step logged twice keeps its last value.

@@ -57,11 +57,7 @@ TEST_F(Cli, LinearLrScalingFollowsTheGlobalBatch) {
   EXPECT_NE(r.err.find("linear lr scaling"), std::string::npos) << r.err;
   auto lrs = [](const fs::path& run_dir) {
     std::vector<double> v;
-    std::ifstream in(run_dir / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line);
-      if (j["event"] == "step") v.push_back(j["lr"].get<double>());
-    }
+    for (const auto& j : events(run_dir, "step")) v.push_back(j["lr"].get<double>());
     return v;
   };
   const auto a = lrs(dir_ / "plain"), b = lrs(dir_ / "scaled");

@@ -13,22 +13,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string ck(const fs::path& run, int step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08d.h5", step);
-  return (run / "checkpoints" / name).string();
-}
-
-std::vector<nlohmann::json> events(const fs::path& run, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["event"] == kind) out.push_back(j);
-  }
-  return out;
-}
-
 class Faults : public Cli {
  protected:
   // The tiny GPT with a checkpoint every 2 steps (keep all).

@@ -7,16 +7,6 @@
 
 namespace {
 
-std::vector<nlohmann::json> events(const fs::path& run, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["event"] == kind) out.push_back(j);
-  }
-  return out;
-}
-
 int64_t max_peak(const fs::path& run) {
   int64_t peak = 0;
   for (const auto& s : events(run, "step")) peak = std::max(peak, s["peak_mem_bytes"].get<int64_t>());

@@ -5,16 +5,6 @@
 
 namespace {
 
-std::vector<nlohmann::json> events(const fs::path& run, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["event"] == kind) out.push_back(j);
-  }
-  return out;
-}
-
 class Planner : public Cli {
  protected:
   std::string config(int steps) { return tiny_gpt_config(0.0, steps); }

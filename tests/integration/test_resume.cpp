@@ -8,12 +8,6 @@
 
 namespace {
 
-std::string ck(const fs::path& run, int step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08d.h5", step);
-  return (run / "checkpoints" / name).string();
-}
-
 class Resume : public Cli {
  protected:
   // 40 steps straight vs stopped at 20 (a preemption notice injected at step 20) and
@@ -113,7 +107,6 @@ TEST_F(Resume, SigtermWritesACheckpointAndExits75) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_GE(losses_of(out).first.size(), 3u);
   ::kill(pid, SIGTERM);
-  int code = -1;
   for (int i = 0; i < 300; ++i) {
     auto r = run_cmd("kill -0 " + std::to_string(pid) + " 2>/dev/null");
     if (r.code != 0) break;
@@ -124,7 +117,6 @@ TEST_F(Resume, SigtermWritesACheckpointAndExits75) {
   EXPECT_NE(log.find("preempted by signal 15"), std::string::npos) << log;
   const auto steps = losses_of(out).first.size();
   EXPECT_TRUE(fs::exists(ck(out, static_cast<int>(steps)))) << log;
-  (void)code;
   auto r = run("train --config " + cfg + " --set train.steps=" + std::to_string(steps + 2) + " --out " +
                out.string() + " --resume auto");
   // The step count changed, which the resume allows (the schedule follows the new total).
