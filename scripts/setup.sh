@@ -2,7 +2,8 @@
 # Installs everything leantrain needs on a Debian 12 machine, as root. Idempotent: a second
 # run installs nothing and takes a few seconds.
 #   - Debian packages: compilers, Open MPI, HDF5, GoogleTest, ccache, CLI11, toml++,
-#     nlohmann-json, spdlog, the Fashion-MNIST data set and the fortunes text corpus, and
+#     nlohmann-json, spdlog, gnuplot (`leantrain report`) and libpng (its test), the
+#     Fashion-MNIST data set and the fortunes text corpus, and
 #     what the local cluster harnesses need (cluster/packages.txt: Slurm, PMIx, iproute2).
 #   - A virtualenv holding torch==2.11.0 (its LibTorch is what the build links), kept outside
 #     the clone under $LEANTRAIN_CACHE keyed by the hash of requirements.txt, and linked
@@ -17,7 +18,8 @@ debs=(build-essential cmake ninja-build ccache pkg-config git
       libspdlog-dev libfmt-dev zlib1g-dev
       dataset-fashion-mnist fortunes fortunes-min
       python3 python3-venv python3-dev
-      iproute2 procps)
+      iproute2 procps
+      gnuplot-nox libpng-dev)
 # The local multi-host harnesses (cluster/netns_hosts.sh, cluster/slurm_local.sh).
 mapfile -t cluster_debs < <(grep -v '^[[:space:]]*#' "$top/cluster/packages.txt" | grep -v '^[[:space:]]*$')
 debs+=("${cluster_debs[@]}")

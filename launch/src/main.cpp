@@ -13,6 +13,7 @@
 #include "leantrain/checkpoint_io/hdf5_info.h"
 #include "leantrain/comm/communicator.h"
 #include "leantrain/data/dataset.h"
+#include "leantrain/report/report.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/files.h"
@@ -194,6 +195,31 @@ int run_inspect(const std::string& path, bool json) {
   return lt::kExitOk;
 }
 
+// `report`: bad input and a missing gnuplot are usage errors (exit 2); a failing gnuplot or
+// an unwritable output folder are failures (exit 1, through report_current_exception).
+int run_report(const std::string& run_dir, const std::string& bench, const std::string& out) {
+  lt::log::init(0, 1, false);
+  if (run_dir.empty() == bench.empty())
+    throw lt::ConfigError("report takes a run folder (leantrain report RUN_DIR [--out DIR]) or a benchmark file "
+                          "(leantrain report --bench BENCH.jsonl --out DIR), not " +
+                          std::string(bench.empty() ? "neither" : "both"));
+  if (!bench.empty() && out.empty()) throw lt::ConfigError("report --bench needs --out DIR");
+  lt::report::Result r;
+  try {
+    r = bench.empty() ? lt::report::render_run(run_dir, out) : lt::report::render_bench(bench, out);
+  } catch (const lt::report::ReportError& e) {
+    std::cerr << "leantrain: report: " << e.what() << std::endl;
+    return lt::kExitUsage;
+  }
+  for (const auto& w : r.warnings) lt::log::warn(w);
+  for (const auto& o : r.omitted) lt::log::info("not drawn: " + o);
+  std::string drawn;
+  for (const auto& p : r.plots) drawn += (drawn.empty() ? "" : ", ") + p;
+  lt::log::info("report in " + lt::files::join(r.out_dir, "index.html") + " (" +
+                (drawn.empty() ? std::string("no plots") : drawn) + ")");
+  return lt::kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -244,6 +270,14 @@ int main(int argc, char** argv) {
   inspect->add_option("checkpoint", inspect_path, "Checkpoint file (.h5)")->required();
   inspect->add_flag("--json", inspect_json, "Print JSON for scripts");
 
+  std::string report_run, report_bench, report_out;
+  auto* report = app.add_subcommand(
+      "report", "Render a run's metrics.jsonl (or a benchmark results file) into PNG plots and index.html");
+  report->add_option("run_dir", report_run, "Run folder (the --out of a training run) holding metrics.jsonl");
+  report->add_option("--bench", report_bench,
+                     "A benchmark results file (JSON lines: bench, row, metric, value, baseline); docs/REPORT.md");
+  report->add_option("--out", report_out, "Output folder (default: RUN_DIR/report; required with --bench)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -274,6 +308,7 @@ int main(int argc, char** argv) {
       return run_plan(plan_config, plan_sets, plan_out, plan_margin);
     }
     if (*inspect) return run_inspect(inspect_path, inspect_json);
+    if (*report) return run_report(report_run, report_bench, report_out);
     std::cout << app.help() << std::endl;
     return lt::kExitUsage;
   } catch (...) {

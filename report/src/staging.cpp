@@ -1,0 +1,78 @@
+#include "staging.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <vector>
+
+#include "leantrain/runtime/files.h"
+
+namespace lt::report::detail {
+namespace {
+
+std::string parent_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string make_temp_dir(const std::string& prefix) {
+  std::vector<char> name(prefix.begin(), prefix.end());
+  for (char c : std::string("XXXXXX")) name.push_back(c);
+  name.push_back('\0');
+  if (!::mkdtemp(name.data()))
+    throw std::runtime_error("cannot create directory " + prefix + "XXXXXX: " + std::strerror(errno));
+  ::chmod(name.data(), 0755);  // mkdtemp makes it 0700; a report is for others to read
+  return name.data();
+}
+
+}  // namespace
+
+Staging::Staging(const std::string& out) : out_(out) {
+  while (out_.size() > 1 && out_.back() == '/') out_.pop_back();
+  if (files::exists(out_) && !files::is_directory(out_))
+    throw std::runtime_error("cannot write the report to " + out_ + ": a file is in the way");
+  files::make_dirs(parent_of(out_));
+  dir_ = make_temp_dir(out_ + ".tmp-");
+}
+
+Staging::~Staging() {
+  if (!committed_) files::remove_tree(dir_);
+}
+
+void Staging::write(const std::string& name, const std::string& content) const {
+  const std::string path = files::join(dir_, name);
+  files::make_dirs(parent_of(path));
+  std::ofstream f(path, std::ios::binary);
+  f << content;
+  f.close();
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+// A previous report is first moved aside (rename over an empty folder made for it), so the
+// new one is renamed into a free name; the old one is deleted only after that succeeded.
+void Staging::commit() {
+  std::string old;
+  if (files::exists(out_)) {
+    old = make_temp_dir(out_ + ".old-");
+    if (::rename(out_.c_str(), old.c_str()) != 0) {
+      const std::string why = std::strerror(errno);
+      files::remove_tree(old);
+      throw std::runtime_error("cannot replace " + out_ + ": " + why);
+    }
+  }
+  if (::rename(dir_.c_str(), out_.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    if (!old.empty()) ::rename(old.c_str(), out_.c_str());
+    throw std::runtime_error("cannot rename " + dir_ + " to " + out_ + ": " + why);
+  }
+  committed_ = true;
+  if (!old.empty()) files::remove_tree(old);
+}
+
+}  // namespace lt::report::detail
