@@ -3,7 +3,8 @@
 // (activations: fp32 + none; step time: the same precision with none).
 //
 //   build/bin/leantrain_bench_memory [--model gpt|resnet50|all] [--steps N] [--micro N] [--seq N]
-//                                    [--layers N] [--image N] [--precisions fp32,bf16] [--out FILE.md]
+//                                    [--layers N] [--image N] [--precisions fp32,bf16]
+//                                    [--policies none,selective,full] [--out FILE.md]
 //
 // bf16 on a CPU without AVX-512 BF16 runs LibTorch's reference GEMM (very slow): there,
 // measure bf16 at a reduced size or on a GPU.
@@ -14,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -34,12 +36,21 @@ struct Options {
   int steps = 2, micro = 8, seq = 512, layers = 12, image = 224;
   std::string out;
   std::vector<std::string> precisions = {"fp32", "bf16"};
+  std::vector<std::string> policies = {"none", "selective", "full"};
 };
+
+std::vector<std::string> split(const std::string& v) {
+  std::vector<std::string> out;
+  std::stringstream ss(v);
+  for (std::string p; std::getline(ss, p, ',');) out.push_back(p);
+  return out;
+}
 
 struct Row {
   std::string model, precision, policy;
   int64_t act_bytes = 0;
   double step_s = 0;
+  double cpu_s = 0;  // process CPU time per step: steadier than wall time on a shared machine
 };
 
 Row measure(const lt::ModelConfig& cfg, const std::string& precision, const std::string& policy, const Options& o) {
@@ -72,13 +83,15 @@ Row measure(const lt::ModelConfig& cfg, const std::string& precision, const std:
     meter.reset_peak();
     const int64_t base = meter.stats().current_bytes;
     const auto t0 = std::chrono::steady_clock::now();
+    const std::clock_t c0 = std::clock();
     step();
     total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.cpu_s += static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / o.steps;
     r.act_bytes = std::max(r.act_bytes, meter.stats().peak_bytes - base);
   }
   r.step_s = total / o.steps;
-  std::fprintf(stderr, "  %s %s %s: activations %s, step %.2f s\n", r.model.c_str(), precision.c_str(),
-               policy.c_str(), lt::format_bytes(r.act_bytes).c_str(), r.step_s);
+  std::fprintf(stderr, "  %s %s %s: activations %s, step %.2f s (CPU time %.2f s)\n", r.model.c_str(),
+               precision.c_str(), policy.c_str(), lt::format_bytes(r.act_bytes).c_str(), r.step_s, r.cpu_s);
   return r;
 }
 
@@ -95,11 +108,8 @@ int main(int argc, char** argv) {
     else if (k == "--layers") o.layers = std::stoi(v);
     else if (k == "--image") o.image = std::stoi(v);
     else if (k == "--out") o.out = v;
-    else if (k == "--precisions") {
-      o.precisions.clear();
-      std::stringstream ss(v);
-      for (std::string p; std::getline(ss, p, ',');) o.precisions.push_back(p);
-    }
+    else if (k == "--precisions") o.precisions = split(v);
+    else if (k == "--policies") o.policies = split(v);
     else {
       std::cerr << "unknown option " << k << "\n";
       return 2;
@@ -135,7 +145,7 @@ int main(int argc, char** argv) {
   for (const auto& cfg : models) {
     std::vector<Row> rows;
     for (const auto& prec : o.precisions)
-      for (const char* pol : {"none", "selective", "full"}) rows.push_back(measure(cfg, prec, pol, o));
+      for (const auto& pol : o.policies) rows.push_back(measure(cfg, prec, pol, o));
     for (const auto& r : rows) {
       const Row& base = rows[0];
       const Row* same_none = &rows[0];

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "leantrain/models/attention.h"
+#include "leantrain/models/resnet.h"
 #include "leantrain/runtime/errors.h"
 
 namespace lt::models {
@@ -23,7 +24,7 @@ namespace {
 
 struct Recompute : torch::CustomClassHolder {
   RecomputeFn fn;
-  torch::nn::Module* buffers_of = nullptr;
+  std::vector<torch::nn::Module*> buffers_of;
   size_t n_inputs = 0;
   at::Tensor cpu_rng;
   std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda_rng;
@@ -54,6 +55,13 @@ at::Generator cuda_generator(c10::DeviceIndex d) {
 
 int cuda_generators() {
   return at::globalContext().hasCUDA() ? static_cast<int>(at::detail::getCUDAHooks().deviceCount()) : 0;
+}
+
+void restore_buffers(const Recompute& rc, const std::vector<at::Tensor>& snapshot) {
+  torch::NoGradGuard ng;
+  size_t i = 0;
+  for (auto* m : rc.buffers_of)
+    for (auto& b : m->buffers()) b.copy_(snapshot[i++]);
 }
 
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
@@ -115,8 +123,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     const auto ac_now = AutocastState::now();
     AutocastState{rc->ac_cpu, rc->ac_cuda, rc->ac_cpu_dtype, rc->ac_cuda_dtype}.apply();
     std::vector<at::Tensor> buffers;
-    if (rc->buffers_of)
-      for (auto& b : rc->buffers_of->buffers()) buffers.push_back(b.clone());
+    for (auto* m : rc->buffers_of)
+      for (auto& b : m->buffers()) buffers.push_back(b.clone());
 
     at::Tensor out;
     {
@@ -137,11 +145,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         cpu_generator().set_state(cpu_rng_now);
         for (size_t i = 0; i < rc->cuda_rng.size(); ++i)
           cuda_generator(rc->cuda_rng[i].first).set_state(cuda_rng_now[i]);
-        if (rc->buffers_of) {
-          torch::NoGradGuard ng;
-          size_t i = 0;
-          for (auto& b : rc->buffers_of->buffers()) b.copy_(buffers[i++]);
-        }
+        restore_buffers(*rc, buffers);
         throw;
       }
       if (autocast && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
@@ -159,11 +163,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     }
     // After the rerun's graph is consumed: BatchNorm saved its running stats as inputs, so
     // restoring them earlier would trip autograd's version check.
-    if (rc->buffers_of) {
-      torch::NoGradGuard ng;
-      size_t i = 0;
-      for (auto& b : rc->buffers_of->buffers()) b.copy_(buffers[i++]);
-    }
+    restore_buffers(*rc, buffers);
     return grads;
   }
 };
@@ -178,12 +178,19 @@ torch::Tensor checkpointed_core(const AttentionCore& core, const torch::Tensor& 
 }  // namespace
 
 torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
-                         const std::vector<torch::Tensor>& params, torch::nn::Module* buffers_of) {
+                         const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
   if (!torch::GradMode::is_enabled()) return fn(inputs);
   auto rc = c10::make_intrusive<Recompute>();
   rc->fn = std::move(fn);
   rc->buffers_of = buffers_of;
   return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(params), rc)[0];
+}
+
+torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+                         const std::vector<torch::Tensor>& params, torch::nn::Module* buffers_of) {
+  std::vector<torch::nn::Module*> modules;
+  if (buffers_of) modules.push_back(buffers_of);
+  return checkpoint(std::move(fn), inputs, params, modules);
 }
 
 // Note [Chunked LM loss]
@@ -256,7 +263,54 @@ std::string CheckpointPolicy::to_string() const {
   return "none";
 }
 
+namespace {
+
+// Note [ResNet checkpoint units]
+// Whole-block checkpoints leave ResNet-50 at 0.46x of its activations (micro-batch 8, fp32):
+// the 112x112 stem is not checkpointed (~70 MB), and while a block's rerun is differentiated
+// the checkpoint's backward holds the gradient of the block output and the rerun's output
+// (for a 56x56x256 block, 2 x 25.7 MB) on top of the rerun's own activations. So:
+//  - the stem (conv, BN, ReLU, max-pool) is a unit of its own: only the image is kept;
+//  - a block is split into two units, the residual branch (convs and BNs up to the sum) and
+//    the downsample shortcut, with the sum and the final ReLU outside them. The ReLU's saved
+//    output is the next block's input, which a checkpoint keeps anyway, so nothing is added
+//    to what forward keeps; the ReLU's backward runs before the rerun and frees the block's
+//    output gradient; and the sum and ReLU are not recomputed. The same ops run in the same
+//    order as the plain block, so fp32 gradients stay bitwise equal.
+// Coarser units (segments of several blocks, as torch.utils.checkpoint_sequential) were
+// measured and are worse here: each saves one input less but its rerun holds several blocks'
+// activations while the inputs of all earlier units are still kept (docs/BENCH_PRECISION_MEMORY.md).
+// Nothing is recomputed twice: a unit's rerun runs the plain modules, never another checkpoint.
+// `full` splits every block; `selective` checkpoints the stem and the first stage, whose
+// 56x56 activations are half of the network's for about a fifth of its forward time.
+ResNetCheckpointUnits resnet_units(const ResNet& net, const CheckpointPolicy& policy) {
+  ResNetCheckpointUnits u;
+  size_t n = 0;
+  if (policy.kind == CheckpointPolicy::Kind::kFull) {
+    n = net.blocks().size();
+  } else if (policy.kind == CheckpointPolicy::Kind::kSelective) {
+    n = static_cast<size_t>(net.stage_blocks().front());
+  } else {
+    return u;
+  }
+  u.stem = true;
+  for (size_t i = 0; i < n; ++i) u.split.push_back(i);
+  return u;
+}
+
+}  // namespace
+
 void apply_checkpoint_policy(Model& model, const CheckpointPolicy& policy) {
+  if (auto* resnet = dynamic_cast<ResNet*>(&model)) {
+    // full and selective: Note [ResNet checkpoint units]; every:K keeps whole-block units.
+    auto units = resnet_units(*resnet, policy);
+    const bool own_units = units.stem;
+    resnet->set_checkpoint_units(std::move(units));
+    if (own_units) {
+      model.set_block_runner({});
+      return;
+    }
+  }
   const bool whole_blocks = policy.kind == CheckpointPolicy::Kind::kFull || policy.kind == CheckpointPolicy::Kind::kEvery;
   model.set_loss_chunk_tokens(whole_blocks ? -1 : 0);
   bool has_attention = false;

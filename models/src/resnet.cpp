@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include "leantrain/models/resnet.h"
+#include "leantrain/models/activation_checkpoint.h"
 #include "leantrain/runtime/errors.h"
 
 namespace lt::models {
@@ -73,10 +74,31 @@ BasicBlockImpl::BasicBlockImpl(int64_t in, int64_t planes, int64_t stride) {
   }
 }
 
-torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
+torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
+  if (!split_checkpoint_ || !is_training() || !torch::GradMode::is_enabled())
+    return torch::relu(branch(x) + (down ? down->forward(x) : x));
+  // Note [ResNet checkpoint units]: same ops in the same order as above, so bitwise equal.
+  std::vector<torch::Tensor> params;
+  const auto modules = branch_modules();
+  for (auto* m : modules) {
+    auto p = m->parameters();
+    params.insert(params.end(), p.begin(), p.end());
+  }
+  auto y = checkpoint([this](const std::vector<torch::Tensor>& in) { return branch(in[0]); }, {x}, params,
+                      modules);
+  auto shortcut = down ? checkpoint([this](const std::vector<torch::Tensor>& in) { return down->forward(in[0]); },
+                                    {x}, down->parameters(), std::vector<torch::nn::Module*>{down.get()})
+                       : x;
+  return torch::relu(y + shortcut);
+}
+
+torch::Tensor BasicBlockImpl::branch(const torch::Tensor& x) {
   auto y = torch::relu(bn1(conv1(x)));
-  y = bn2(conv2(y));
-  return torch::relu(y + (down ? down->forward(x) : x));
+  return bn2(conv2(y));
+}
+
+std::vector<torch::nn::Module*> BasicBlockImpl::branch_modules() {
+  return {conv1.get(), bn1.get(), conv2.get(), bn2.get()};
 }
 
 BottleneckImpl::BottleneckImpl(int64_t in, int64_t planes, int64_t stride) {
@@ -92,11 +114,14 @@ BottleneckImpl::BottleneckImpl(int64_t in, int64_t planes, int64_t stride) {
   }
 }
 
-torch::Tensor BottleneckImpl::forward(const torch::Tensor& x) {
+torch::Tensor BottleneckImpl::branch(const torch::Tensor& x) {
   auto y = torch::relu(bn1(conv1(x)));
   y = torch::relu(bn2(conv2(y)));
-  y = bn3(conv3(y));
-  return torch::relu(y + (down ? down->forward(x) : x));
+  return bn3(conv3(y));
+}
+
+std::vector<torch::nn::Module*> BottleneckImpl::branch_modules() {
+  return {conv1.get(), bn1.get(), conv2.get(), bn2.get(), conv3.get(), bn3.get()};
 }
 
 ResNetStemImpl::ResNetStemImpl(int64_t in_channels, int64_t width, const std::string& kind)
@@ -114,6 +139,7 @@ torch::Tensor ResNetStemImpl::forward(const torch::Tensor& x) {
 
 ResNet::ResNet(const lt::ModelConfig& cfg) {
   auto [layers, block] = resnet_layout(cfg);
+  stage_blocks_ = layers;
   const bool bottleneck = block == "bottleneck";
   const int64_t expansion = bottleneck ? BottleneckImpl::kExpansion : BasicBlockImpl::kExpansion;
   stem = register_module("stem",
@@ -145,10 +171,59 @@ ResNet::ResNet(const lt::ModelConfig& cfg) {
   }
 }
 
+void ResNet::set_checkpoint_units(ResNetCheckpointUnits units) {
+  size_t end = 0;
+  for (auto [b, e] : units.segments) {
+    TORCH_CHECK(b >= end && e > b && e <= blocks().size(), "ResNet checkpoint segment [", b, ", ", e,
+                ") of ", blocks().size(), " blocks: segments must be sorted, disjoint and non-empty");
+    end = e;
+  }
+  for (auto& b : blocks()) static_cast<ResidualBlockImpl&>(*b).set_split_checkpoint(false);
+  for (size_t i : units.split) {
+    TORCH_CHECK(i < blocks().size(), "ResNet split checkpoint block ", i, " of ", blocks().size());
+    for (auto [b, e] : units.segments)
+      TORCH_CHECK(i < b || i >= e, "ResNet block ", i, " is both split and in segment [", b, ", ", e, ")");
+    static_cast<ResidualBlockImpl&>(*blocks()[i]).set_split_checkpoint(true);
+  }
+  units_ = std::move(units);
+}
+
 torch::Tensor ResNet::forward(const torch::Tensor& input) {
   TORCH_CHECK(input.dim() == 4, "ResNet: expected images [B,C,H,W], got ", input.sizes());
-  auto x = stem->forward(input);
-  for (size_t i = 0; i < blocks().size(); ++i) x = run_block(i, x);
+  // checkpoint() itself runs plainly without grad mode; outside training the units are off
+  // so evaluation never pays for the bookkeeping.
+  const bool units = is_training();
+  torch::Tensor x;
+  if (units && units_.stem) {
+    x = checkpoint([this](const std::vector<torch::Tensor>& in) { return stem->forward(in[0]); }, {input},
+                   stem->parameters(), std::vector<torch::nn::Module*>{stem.get()});
+  } else {
+    x = stem->forward(input);
+  }
+  size_t next = 0;  // the next segment that can start
+  for (size_t i = 0; i < blocks().size();) {
+    if (units && next < units_.segments.size() && units_.segments[next].first == i) {
+      const auto [b, e] = units_.segments[next++];
+      std::vector<torch::Tensor> params;
+      std::vector<torch::nn::Module*> modules;
+      for (size_t j = b; j < e; ++j) {
+        auto p = blocks()[j]->parameters();
+        params.insert(params.end(), p.begin(), p.end());
+        modules.push_back(blocks()[j].get());
+      }
+      // The blocks run directly, not through the block runner: a unit is recomputed once.
+      x = checkpoint(
+          [this, b = b, e = e](const std::vector<torch::Tensor>& in) {
+            auto h = in[0];
+            for (size_t j = b; j < e; ++j) h = blocks()[j]->forward(h);
+            return h;
+          },
+          {x}, params, modules);
+      i = e;
+    } else {
+      x = run_block(i++, x);
+    }
+  }
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   return fc(x);
 }

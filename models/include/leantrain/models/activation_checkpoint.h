@@ -24,6 +24,10 @@ using RecomputeFn = std::function<torch::Tensor(const std::vector<torch::Tensor>
 torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params,
                          torch::nn::Module* buffers_of = nullptr);
+/// The same with the buffers of several modules restored (a segment of blocks).
+torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+                         const std::vector<torch::Tensor>& params,
+                         const std::vector<torch::nn::Module*>& buffers_of);
 
 /// Mean cross-entropy of head(hidden) against target (ignore_index -100), computed in
 /// checkpointed chunks of `chunk_tokens` tokens: only one chunk's logits exist at a time,
@@ -48,8 +52,10 @@ struct CheckpointPolicy {
 /// Installs the policy on a model: full/every:K wrap whole blocks in checkpoint() and chunk
 /// language models' head + loss (chunked_lm_loss);
 /// selective recomputes only the cheap, large intermediates (attention scores, softmax and
-/// dropout for GPT/BERT — Megatron-LM's selective recompute; the BatchNorm+ReLU outputs
-/// are not separable in our ResNet blocks, so ResNet and MLP checkpoint every other block).
+/// dropout for GPT/BERT — Megatron-LM's selective recompute; MLP checkpoints every other
+/// block). ResNet: full checkpoints the stem and every block's residual branch and shortcut
+/// as separate units, selective the stem and the first stage's blocks the same way, every:K
+/// whole blocks (Note [ResNet checkpoint units] in the .cpp).
 void apply_checkpoint_policy(Model& model, const CheckpointPolicy& policy);
 
 }  // namespace lt::models

@@ -44,24 +44,44 @@ class DownsampleImpl : public torch::nn::Module {
   torch::nn::BatchNorm2d bn{nullptr};
 };
 
-class BasicBlockImpl : public BlockImpl {
+/// A residual block whose residual branch and shortcut can be checkpointed as two units with
+/// the sum and final ReLU outside them (Note [ResNet checkpoint units] in activation_checkpoint.cpp).
+class ResidualBlockImpl : public BlockImpl {
+ public:
+  torch::Tensor forward(const torch::Tensor& x) override;
+  /// The convs and BNs before the sum, without the shortcut.
+  virtual torch::Tensor branch(const torch::Tensor& x) = 0;
+  /// The modules branch() runs (their parameters and buffers are the unit's).
+  virtual std::vector<torch::nn::Module*> branch_modules() = 0;
+  /// On: in training with autograd, branch and shortcut are checkpointed units of their own.
+  void set_split_checkpoint(bool on) { split_checkpoint_ = on; }
+  bool split_checkpoint() const { return split_checkpoint_; }
+
+  std::shared_ptr<DownsampleImpl> down;  // null when the shortcut is the identity
+
+ private:
+  bool split_checkpoint_ = false;
+};
+
+class BasicBlockImpl : public ResidualBlockImpl {
  public:
   static constexpr int64_t kExpansion = 1;
   BasicBlockImpl(int64_t in, int64_t planes, int64_t stride);
-  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor branch(const torch::Tensor& x) override;
+  std::vector<torch::nn::Module*> branch_modules() override;
 
   torch::nn::Conv2d conv1{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr};
   torch::nn::Conv2d conv2{nullptr};
   torch::nn::BatchNorm2d bn2{nullptr};
-  std::shared_ptr<DownsampleImpl> down;  // null when the shortcut is the identity
 };
 
-class BottleneckImpl : public BlockImpl {
+class BottleneckImpl : public ResidualBlockImpl {
  public:
   static constexpr int64_t kExpansion = 4;
   BottleneckImpl(int64_t in, int64_t planes, int64_t stride);
-  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor branch(const torch::Tensor& x) override;
+  std::vector<torch::nn::Module*> branch_modules() override;
 
   torch::nn::Conv2d conv1{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr};
@@ -69,7 +89,6 @@ class BottleneckImpl : public BlockImpl {
   torch::nn::BatchNorm2d bn2{nullptr};
   torch::nn::Conv2d conv3{nullptr};
   torch::nn::BatchNorm2d bn3{nullptr};
-  std::shared_ptr<DownsampleImpl> down;  // null when the shortcut is the identity
 };
 
 class ResNetStemImpl : public torch::nn::Module {
@@ -85,14 +104,34 @@ class ResNetStemImpl : public torch::nn::Module {
   bool pool_;
 };
 
+/// What ResNet::forward recomputes in backward (training with autograd on), installed by
+/// apply_checkpoint_policy: the stem as one unit, and block ranges [begin, end) each as one
+/// unit, and blocks whose branch and shortcut are units of their own (split; the sum and
+/// ReLU stay outside) (Note [ResNet checkpoint units] in activation_checkpoint.cpp). Blocks
+/// in no segment go through the block runner.
+struct ResNetCheckpointUnits {
+  bool stem = false;
+  std::vector<std::pair<size_t, size_t>> segments;  // sorted, disjoint, non-empty
+  std::vector<size_t> split;                         // blocks in no segment
+};
+
 class ResNet : public Model {
  public:
   explicit ResNet(const lt::ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& input) override;
   Task task() const override { return Task::kClassify; }
 
+  /// Blocks per stage (resnet_layout's first element).
+  const std::vector<int64_t>& stage_blocks() const { return stage_blocks_; }
+  void set_checkpoint_units(ResNetCheckpointUnits units);
+  const ResNetCheckpointUnits& checkpoint_units() const { return units_; }
+
   std::shared_ptr<ResNetStemImpl> stem;
   torch::nn::Linear fc{nullptr};
+
+ private:
+  std::vector<int64_t> stage_blocks_;
+  ResNetCheckpointUnits units_;
 };
 
 /// Blocks per stage and block kind ("basic" | "bottleneck") for cfg (depth or layers+block).
