@@ -1,6 +1,8 @@
 // `leantrain plan` and `train --auto` end to end (docs/PLANNER.md): the planner measures
 // precision x activation checkpointing x micro-batch under the budget, and its choice, used
 // for a real run, never exceeds the budget. Budgets come from peaks the test measures.
+#include <chrono>
+
 #include "cli_fixture.h"
 
 namespace {
@@ -154,6 +156,69 @@ TEST_F(Planner, PlanUnderMpirunPlansOnceForEveryRank) {
   for (const auto& row : plan["candidates"])
     if (row["probed"].get<bool>()) EXPECT_LE(row["measured_peak_bytes"].get<int64_t>(), 1500000);
   EXPECT_GE(plan["fixed_minimum_bytes"].get<int64_t>(), 5 * 114176);
+}
+
+// Note [Slow candidates]: a precision whose first warm-up forward is over 4x the fastest one
+// and at least 0.5 s a sample (here bf16, slowed on purpose by the test-only delay of 0.6 s
+// per sample, while the tiny GPT's fp32 forward takes about a millisecond) is not probed: its rows are `slow`, its later
+// policies are skipped without a forward, and the choice is among the fp32 candidates.
+TEST_F(Planner, ASlowPrecisionIsListedAsSlowAndNotProbed) {
+  const auto out = dir_ / "plan";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run_cmd("LEANTRAIN_PLANNER_DELAY=bf16:0.6 " + std::string(LEANTRAIN_BINARY) + " plan --config " +
+                   config(3) + " --memory-budget 4MiB --out " + out.string());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto plan = nlohmann::json::parse(slurp(out / "plan.json"));
+  EXPECT_EQ(plan["slow_factor"], 4.0);
+  double fp32_warmup = -1;
+  int bf16_rows = 0;
+  for (const auto& f : plan["fits"]) {
+    if (f["precision"] == "fp32") {
+      EXPECT_FALSE(f["slow"].get<bool>());
+      EXPECT_GT(f["points"].get<int>(), 0);
+      const double w = f["warmup_forward_s"].get<double>();
+      if (fp32_warmup < 0 || w < fp32_warmup) fp32_warmup = w;
+    }
+  }
+  ASSERT_GT(fp32_warmup, 0);
+  for (const auto& f : plan["fits"]) {
+    if (f["precision"] != "bf16") continue;
+    EXPECT_TRUE(f["slow"].get<bool>()) << f.dump();
+    EXPECT_EQ(f["points"].get<int>(), 0);
+    if (f["activation_checkpoint"] == "none") {
+      EXPECT_GE(f["warmup_forward_s"].get<double>(), 0.6);  // the one forward that was run
+      EXPECT_GT(f["warmup_forward_s"].get<double>(), 4 * fp32_warmup);
+    } else {
+      EXPECT_EQ(f["warmup_forward_s"].get<double>(), -1.0);  // skipped without a forward
+    }
+  }
+  for (const auto& row : plan["candidates"]) {
+    if (row["precision"] != "bf16") continue;
+    ++bf16_rows;
+    EXPECT_TRUE(row["slow"].get<bool>());
+    EXPECT_FALSE(row["probed"].get<bool>());
+    EXPECT_FALSE(row["fits"].get<bool>());
+  }
+  EXPECT_EQ(bf16_rows, 15);  // 3 policies x micro-batches 1, 2, 4, 8, 16
+  EXPECT_EQ(plan["chosen"]["precision"], "fp32");
+  EXPECT_NE(r.out.find("bf16 none: slow (warm-up forward"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bf16 full: slow (its precision was slow with an earlier policy)"), std::string::npos) << r.out;
+  // Probing bf16 like fp32 would sleep 0.6 s x 3 micro-steps x 31 samples x 3 policies = 167 s.
+  EXPECT_LT(seconds, 20.0);
+
+  // Without the delay bf16 is probed: its first forward is under 0.5 s (and its steps within
+  // 4x of fp32's on any CPU).
+  auto plain = run("plan --config " + config(3) + " --memory-budget 4MiB --out " + (dir_ / "plain").string());
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  const auto p2 = nlohmann::json::parse(slurp(dir_ / "plain" / "plan.json"));
+  for (const auto& f : p2["fits"]) EXPECT_FALSE(f["slow"].get<bool>()) << f.dump();
+
+  // A malformed delay is a config error naming the variable.
+  auto bad = run_cmd("LEANTRAIN_PLANNER_DELAY=bf16 " + std::string(LEANTRAIN_BINARY) + " plan --config " + config(3) +
+                     " --memory-budget 4MiB --out " + (dir_ / "bad").string());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("LEANTRAIN_PLANNER_DELAY"), std::string::npos) << bad.err;
 }
 
 TEST_F(Planner, AutoAndPlanNeedABudget) {

@@ -7,7 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -39,7 +42,32 @@ struct Probe {
   int64_t peak = 0;
   double micro_s = 0;   // forward+backward of one micro-batch, averaged
   double update_s = 0;  // the optimizer step, averaged
+  double warmup_forward_s = -1;  // the warm-up's forward, per sample
+  bool slow = false;             // the warm-up's forward was over the slow limit: not measured
 };
+
+// Test-only: LEANTRAIN_PLANNER_DELAY="PRECISION:SECONDS" adds SECONDS x micro-batch of sleep
+// to every probe forward in that precision, so a test can make one precision slow on purpose
+// (Note [Slow candidates]).
+struct ProbeDelay {
+  std::string precision;
+  double seconds_per_sample = 0;
+};
+
+ProbeDelay probe_delay_from_env() {
+  ProbeDelay d;
+  const char* v = std::getenv("LEANTRAIN_PLANNER_DELAY");
+  if (v == nullptr || *v == 0) return d;
+  const std::string s = v;
+  const auto colon = s.find(':');
+  char* end = nullptr;
+  const double sec = colon == std::string::npos ? -1 : std::strtod(s.c_str() + colon + 1, &end);
+  if (colon == std::string::npos || end == nullptr || *end != 0 || !(sec >= 0))
+    throw ConfigError("LEANTRAIN_PLANNER_DELAY = \"" + s + "\": expected PRECISION:SECONDS, e.g. bf16:0.05");
+  d.precision = s.substr(0, colon);
+  d.seconds_per_sample = sec;
+  return d;
+}
 
 void sync(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -53,9 +81,28 @@ void sync(const torch::Device& device) {
 // one micro-batch (and any tensor a data set holds, as in training). One warm-up
 // micro-step first (allocates the optimizer state, warms the allocator and lazy
 // initialisation), then measure_steps timed ones under a fresh peak.
+// Note [Slow candidates]: a probe costs a few micro-steps, which is nothing where a sample
+// takes milliseconds and minutes where a precision runs a slow kernel path: bf16 matmuls on a
+// CPU without AVX-512 BF16 go through a reference GEMM 10-20x slower than fp32 (GPT-2 small,
+// seq 512: about a minute per sample). So the warm-up micro-step of each (precision, policy)
+// at micro-batch 1 times its forward, and when that is over slow_factor (4) x the fastest
+// warm-up forward of the pairs probed before it, the probe stops before the backward, the
+// pair's rows are listed as `slow`, and the later policies of the same precision are listed
+// as `slow` without a probe: at micro-batch 1 they run the same forward and recompute more.
+// A forward under slow_min_s (0.5 s) a sample is never judged: such probes are cheap, and a
+// first forward that short is dominated by one-time costs (the tiny GPT of the tests: bf16's
+// first forward 4.5 ms, fp32's 1 ms, while its bf16 steps run at 0.7x fp32's speed).
+// The rule compares like with like (each pair's first forward at micro-batch 1, each on a
+// freshly built model) and gives up only what could win if a larger micro-batch sped the
+// slow precision up by more than slow_factor relative to the fast one; memory does not enter
+// it (a slow pair is not needed to fit: a precision is judged slow only after a faster one
+// was measured). The cost of finding a pair slow is one forward of one sample.
+//
+// `slow_above_s` (> 0): the per-sample forward time of the warm-up past which the probe stops
+// before its backward and returns `slow` (Note [Slow candidates]).
 Probe run_probe(models::Model& model, torch::optim::Optimizer& optimizer, const data::Dataset& train,
                 const std::string& precision, const torch::Device& device, int64_t micro, int64_t steps,
-                MemoryMeter& meter) {
+                MemoryMeter& meter, double slow_above_s, const ProbeDelay& delay) {
   std::vector<int64_t> idx;
   for (int64_t i = 0; i < micro; ++i) idx.push_back(i % train.size());
   Probe p;
@@ -69,6 +116,16 @@ Probe run_probe(models::Model& model, torch::optim::Optimizer& optimizer, const 
       {
         AutocastGuard ac(precision, device.type());
         loss = model.forward_loss(input, target);
+      }
+      if (delay.precision == precision)
+        std::this_thread::sleep_for(std::chrono::duration<double>(delay.seconds_per_sample * static_cast<double>(micro)));
+      if (!timed) {
+        sync(device);
+        p.warmup_forward_s = std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(micro);
+        if (slow_above_s > 0 && p.warmup_forward_s > slow_above_s) {
+          p.slow = true;
+          return;  // frees the graph; no backward, no update
+        }
       }
       loss.backward();
     }
@@ -84,6 +141,7 @@ Probe run_probe(models::Model& model, torch::optim::Optimizer& optimizer, const 
     }
   };
   micro_step(false);
+  if (p.slow) return p;
   meter.reset_peak();
   for (int64_t i = 0; i < steps; ++i) micro_step(true);
   p.peak = meter.stats().peak_bytes;
@@ -132,6 +190,7 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
   Plan plan;
   plan.budget = opt.budget;
   plan.margin = opt.margin;
+  plan.slow_factor = opt.slow_factor;
   plan.limit = static_cast<int64_t>(static_cast<double>(opt.budget) * (1.0 - opt.margin));
   plan.world_size = world_size;
   plan.global_batch = t.global_batch;
@@ -170,6 +229,9 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
                       ", data and buffers): give --memory-budget at least " + std::to_string(plan.fixed_minimum) +
                       " bytes plus room for activations");
 
+  const ProbeDelay delay = probe_delay_from_env();
+  double fastest_warmup = -1;               // per sample, over the pairs probed so far
+  std::set<std::string> slow_precisions;    // Note [Slow candidates]
   // The probes hold no gradient buckets: under mpirun their buffers come off the budget.
   BudgetScope scope(meter, opt.budget - comm_bytes);
   for (const auto& precision : precisions) {
@@ -180,6 +242,21 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
       std::vector<double> xs, peaks, times, updates;
       const size_t first_row = plan.rows.size();
       bool pruned = false;
+      if (slow_precisions.count(precision) > 0) {
+        // A later policy recomputes more: at micro-batch 1 it is slower still.
+        fit.slow = true;
+        for (const int64_t m : micros) {
+          PlanRow row;
+          row.precision = precision;
+          row.policy = policy;
+          row.micro_batch = m;
+          row.accumulation = per_rank / m;
+          row.slow = true;
+          plan.rows.push_back(row);
+        }
+        plan.fits.push_back(fit);
+        continue;
+      }
       try {
         torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
         auto model = models::build_model(cfg.model);
@@ -200,9 +277,29 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
             if (a + b * static_cast<double>(m) + static_cast<double>(comm_bytes) > static_cast<double>(opt.budget))
               pruned = true;
           }
-          if (!pruned) {
+          if (fit.slow) {
+            row.slow = true;
+          } else if (!pruned) {
             try {
-              const Probe p = run_probe(*model, *optimizer, *data.train, precision, device, m, opt.measure_steps, meter);
+              const bool first = m == micros.front();
+              const double slow_above = first && opt.slow_factor > 0 && fastest_warmup > 0
+                                            ? std::max(opt.slow_factor * fastest_warmup, opt.slow_min_s)
+                                            : 0;
+              const Probe p = run_probe(*model, *optimizer, *data.train, precision, device, m, opt.measure_steps, meter,
+                                        slow_above, delay);
+              if (first) fit.warmup_forward_s = p.warmup_forward_s;
+              if (p.slow) {
+                fit.slow = true;
+                row.slow = true;
+                slow_precisions.insert(precision);
+                log::info("planner: " + precision + "/" + policy + " is slow: warm-up forward " +
+                          fmt(p.warmup_forward_s, "%.3g") + " s/sample > " + fmt(opt.slow_factor, "%g") + " x " +
+                          fmt(fastest_warmup, "%.3g") + " s/sample; not probed further (Note [Slow candidates])");
+                plan.rows.push_back(row);
+                continue;
+              }
+              if (first && (fastest_warmup < 0 || p.warmup_forward_s < fastest_warmup))
+                fastest_warmup = p.warmup_forward_s;
               row.probed = true;
               row.measured_peak = p.peak + comm_bytes;
               row.measured_sps = static_cast<double>(t.global_batch) /
@@ -339,7 +436,8 @@ std::string plan_table(const Plan& plan) {
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const auto& r = plan.rows[i];
     const std::string pred = r.predicted_peak >= 0 ? format_bytes(r.predicted_peak) : "-";
-    const std::string meas = r.probed ? format_bytes(r.measured_peak) : (r.oom ? "OOM" : "pruned");
+    const std::string meas =
+        r.probed ? format_bytes(r.measured_peak) : (r.oom ? "OOM" : (r.slow ? "slow" : "pruned"));
     const std::string psps = r.predicted_sps > 0 ? fmt(r.predicted_sps, "%.1f") : "-";
     const std::string msps = r.measured_sps > 0 ? fmt(r.measured_sps, "%.1f") : "-";
     const std::string mark = static_cast<int>(i) == plan.chosen ? "<- chosen" : (r.fits ? "fits" : "");
@@ -350,6 +448,13 @@ std::string plan_table(const Plan& plan) {
   }
   o << "fits (peak = fixed + per_sample x micro_batch):\n";
   for (const auto& f : plan.fits) {
+    if (f.slow) {
+      o << "  " << f.precision << " " << f.policy << ": slow"
+        << (f.warmup_forward_s > 0 ? " (warm-up forward " + fmt(f.warmup_forward_s, "%.3g") + " s/sample)"
+                                   : std::string(" (its precision was slow with an earlier policy)"))
+        << ", not probed\n";
+      continue;
+    }
     if (f.points == 0) {
       o << "  " << f.precision << " " << f.policy << ": no probe fitted\n";
       continue;
@@ -397,6 +502,7 @@ std::string plan_to_json(const Plan& plan) {
     return nlohmann::json{{"precision", r.precision},         {"activation_checkpoint", r.policy},
                           {"micro_batch", r.micro_batch},     {"accumulation", r.accumulation},
                           {"probed", r.probed},               {"oom", r.oom},
+                          {"slow", r.slow},
                           {"measured_peak_bytes", r.measured_peak}, {"predicted_peak_bytes", r.predicted_peak},
                           {"measured_samples_per_s", r.measured_sps}, {"predicted_samples_per_s", r.predicted_sps},
                           {"fits", r.fits}};
@@ -404,6 +510,7 @@ std::string plan_to_json(const Plan& plan) {
   nlohmann::json j;
   j["budget_bytes"] = plan.budget;
   j["margin"] = plan.margin;
+  j["slow_factor"] = plan.slow_factor;
   j["limit_bytes"] = plan.limit;
   j["fixed_minimum_bytes"] = plan.fixed_minimum;
   j["world_size"] = plan.world_size;
@@ -420,7 +527,9 @@ std::string plan_to_json(const Plan& plan) {
                          {"micro_fixed_s", f.micro_fixed_s},
                          {"micro_per_sample_s", f.micro_per_sample_s},
                          {"update_s", f.update_s},
-                         {"points", f.points}});
+                         {"points", f.points},
+                         {"warmup_forward_s", f.warmup_forward_s},
+                         {"slow", f.slow}});
   if (plan.chosen >= 0) {
     j["chosen"] = row_json(plan.choice());
     j["set"] = plan_overrides(plan);

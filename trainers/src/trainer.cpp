@@ -1,6 +1,7 @@
 #include "leantrain/trainers/trainer.h"
 
 #include <c10/util/Exception.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -31,6 +32,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The process's peak resident set so far (getrusage; Linux reports KiB). On the CPU this is
+// the one memory figure a Python peer can report the same way (bench/peers/, docs/BENCH_PEERS.md).
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
 // Note [Randomness per micro-batch]
@@ -509,6 +518,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                       {"grad_allreduce_calls", grad_allreduce_calls},
                       {"grad_buckets", static_cast<int64_t>(grad_sync.num_buckets())},
                       {"peak_mem_bytes", peak},
+                      {"peak_rss_bytes", peak_rss_bytes()},
                       {"micro_batch", micro},
                       {"accumulation", accum},
                       {"mem_params_bytes", param_bytes},
@@ -573,6 +583,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                          {"epoch_time_s", epoch_time},
                          {"samples_per_s", static_cast<double>(epoch_samples) / epoch_time},
                          {"peak_mem_bytes", epoch_peak},
+                         {"peak_rss_bytes", peak_rss_bytes()},
                          {"mem_params_bytes", param_bytes},
                          {"mem_activations_bytes", epoch_act_peak}};
       std::ostringstream line;

@@ -25,6 +25,13 @@ struct PlanOptions {
   int64_t measure_steps = 2;  // timed micro-steps per probe, after one warm-up
   std::vector<std::string> precisions;  // empty: fp32, and bf16 where the device runs it
   std::vector<std::string> policies = {"none", "selective", "full"};
+  // Note [Slow candidates] (planner.cpp): a (precision, policy) whose first warm-up forward
+  // takes more than slow_factor x the fastest warm-up forward so far (per sample, micro-batch
+  // 1) is not probed further, nor are the later policies of that precision. 0: probe all.
+  double slow_factor = 4.0;
+  // ... and whose warm-up forward took at least this long per sample: below it a probe is
+  // cheap, and the first forward's one-time costs (autocast, kernel set-up) dominate it.
+  double slow_min_s = 0.5;
 };
 
 /// One candidate: probed (measured) or, past a pruned point, predicted only.
@@ -33,6 +40,7 @@ struct PlanRow {
   int64_t micro_batch = 0, accumulation = 0;
   bool probed = false;           // measured
   bool oom = false;              // its probe ran out of memory under the budget
+  bool slow = false;             // not probed: its (precision, policy) was found slow
   int64_t measured_peak = -1;    // bytes; -1 when not measured
   int64_t predicted_peak = -1;   // bytes; -1 when the model has no fit
   double measured_sps = -1;      // samples/s of a whole step (accumulation micro-steps + update)
@@ -47,11 +55,16 @@ struct PlanFit {
   double micro_fixed_s = 0, micro_per_sample_s = 0;  // forward+backward of one micro-batch
   double update_s = 0;                                // the optimizer step, once per step
   int points = 0;                                     // probes the fit uses
+  // The first warm-up forward at micro-batch 1, per sample (-1: it did not complete); slow
+  // when it was over slow_factor x the fastest one before it (Note [Slow candidates]).
+  double warmup_forward_s = -1;
+  bool slow = false;
 };
 
 struct Plan {
   int64_t budget = 0, limit = 0;  // limit = (1 - margin) x budget
   double margin = 0;
+  double slow_factor = 0;  // PlanOptions::slow_factor
   int world_size = 1;
   int64_t global_batch = 0;
   int64_t fixed_minimum = 0;  // parameters + gradients + optimizer state (+ what is allocated)

@@ -1,0 +1,484 @@
+#!/usr/bin/env python3
+"""leantrain side by side with the PyTorch DDP recipe (bench/peers/ddp_recipe.py).
+
+    bench/peers/run.sh [--scale cpu|full|smoke] [--rows REGEX] ...     (builds, then this)
+    .venv/bin/python bench/peers/compare.py --bin build/bin [--scale cpu] ...
+
+For every row (model x ranks x precision x activation checkpointing) both sides train the
+same model from the same initial weights on the same samples with the same optimizer,
+schedule, batch layout and threads per rank; runs alternate leantrain, peer, peer, leantrain
+(--repeats 2 pairs) so drifting load falls on both. Then the collective row
+(leantrain_bench_comm: GradientSync busbw vs a raw MPI_Allreduce) and the checkpoint row
+(leantrain_bench_checkpoint: commit_checkpoint vs fwrite + fsync) from those benches.
+
+How both sides get the same start (Note [Same start]): for each model a one-step leantrain run
+with a NaN injected into its loss (LEANTRAIN_FAULT=nan@1, train.nonfinite = "skip": the update
+is skipped) writes a checkpoint holding exactly the initial weights leantrain builds from
+data.seed; the peer loads its parameters; leantrain's measured runs build the same weights from
+the same seed (same model section, checked). Each row starts with a leantrain run, whose resolved
+config.json (every key, defaults included) is the peer's config; later leantrain runs of the
+row must resolve to the same.
+
+Outputs: a markdown table on stdout and in --doc (docs/BENCH_PEERS.md for --scale cpu/full),
+one JSON object per (row, metric) in OUT/results.jsonl ({"bench": "peers", "row", "metric",
+"value": leantrain, "baseline": peer}), and the plots of `leantrain report --bench` when the
+binary has that option (into OUT/plots/). Exit codes: 0 done (targets are reported, not enforced), 1 a run
+failed or the two sides' configs disagree, 2 bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PY = sys.executable
+SHM = "/dev/shm"
+
+# ---- scales ------------------------------------------------------------------------------------
+# Each model: the repo config it starts from, the model overrides, and the batch layout. The
+# global batch is the same at 1 and 2 ranks (accumulation halves at 2), and at 2 ranks there
+# are still >= 2 micro-batches per rank, so no_sync() / local accumulation is exercised.
+# Note [CPU scale]: d_model 768 and the layer counts (and vocabularies) of the issue stay; only
+# sequence length / image size, micro-batch and steps shrink so that 32 rows x 4 runs fit in
+# 20 minutes on 2 cores (GPT-12L at seq 512, micro-batch 8 takes ~50 s per fwd+bwd there).
+GPT = "gpt2_small.toml"
+BERT = "bert_base.toml"
+RESNET = "resnet50.toml"
+
+SCALES: Dict[str, dict] = {
+    "smoke": {
+        "models": {
+            "gpt": (GPT, {"model.n_layer": 2, "model.d_model": 64, "model.n_head": 4, "model.seq_len": 32,
+                          "model.vocab_size": 512, "model.dropout": 0.0}, dict(seq=32)),
+            "bert": (BERT, {"model.n_layer": 2, "model.d_model": 64, "model.n_head": 4, "model.seq_len": 32,
+                            "model.vocab_size": 512, "model.d_ff": 128, "model.dropout": 0.0}, dict(seq=32)),
+            "resnet": (RESNET, {"model.depth": 0, "model.layers": [1, 1], "model.width": 8,
+                                "model.image_size": 32, "model.num_classes": 10}, dict(image=32)),
+        },
+        # A high learning rate: a different sample or weight shows in the loss at once. One
+        # thread: the smoke test runs beside other tests.
+        "train": {"train.global_batch": 8, "train.micro_batch": 2, "train.steps": 3, "train.lr": 0.01,
+                  "train.min_lr": 0.0, "train.warmup_steps": 1, "data.synthetic_samples": 256,
+                  "train.threads": 1},
+        "ranks": [1], "precisions": ["fp32", "bf16"], "checkpoints": ["none", "full"],
+        # Every model in fp32; bf16 + full checkpointing once (gpt): each code path runs once.
+        "only": lambda m, r, p, c: (p, c) == ("fp32", "none") or (m, p, c) == ("gpt", "bf16", "full"),
+        "comm": ["--layers", "1", "--d-model", "64", "--vocab", "256", "--parts", "a", "--warmup", "1",
+                 "--iters", "2"],
+        "ckpt": ["--model", "small", "--rounds", "1"],
+    },
+    "cpu": {
+        "models": {
+            "gpt6": (GPT, {"model.n_layer": 6, "model.seq_len": 32}, {}),
+            "gpt12": (GPT, {"model.n_layer": 12, "model.seq_len": 32}, {}),
+            "bert": (BERT, {"model.seq_len": 32}, {}),
+            "resnet50": (RESNET, {"model.image_size": 112}, {}),
+        },
+        "train": {"train.global_batch": 4, "train.micro_batch": 1, "train.steps": 2,
+                  "data.synthetic_samples": 512},
+        "train_resnet": {"train.global_batch": 8, "train.micro_batch": 2, "train.steps": 3},
+        "ranks": [1, 2], "precisions": ["fp32", "bf16"], "checkpoints": ["none", "full"],
+        "only": lambda m, r, p, c: True,
+        "comm": ["--parts", "a"],
+        "ckpt": ["--model", "gpt2_small", "--rounds", "3"],
+    },
+    "full": {
+        "models": {
+            "gpt6": (GPT, {"model.n_layer": 6, "model.seq_len": 512}, {}),
+            "gpt12": (GPT, {"model.n_layer": 12, "model.seq_len": 512}, {}),
+            "bert": (BERT, {"model.seq_len": 512}, {}),
+            "resnet50": (RESNET, {"model.image_size": 224}, {}),
+        },
+        "train": {"train.global_batch": 64, "train.micro_batch": 8, "train.steps": 20,
+                  "data.synthetic_samples": 4096},
+        "train_resnet": {"train.global_batch": 64, "train.micro_batch": 16},
+        "ranks": [1, 2], "precisions": ["fp32", "bf16"], "checkpoints": ["none", "full"],
+        "only": lambda m, r, p, c: True,
+        "comm": ["--parts", "a"],
+        "ckpt": ["--model", "gpt2_small", "--rounds", "5"],
+    },
+}
+
+# Settings every measured run shares: no progress bar, no periodic checkpoints (leantrain
+# always writes one at the end: after the last step event, so outside what is measured),
+# a one-batch evaluation at the end (leantrain's; after the last step event too).
+COMMON = {"train.device": "cpu", "log.progress": "none", "checkpoint.every_steps": 0,
+          "train.eval_batch": 1, "train.eval_max_batches": 1, "checkpoint.keep_last": 1}
+
+# Note [Same start]: the export run. SGD without momentum has no optimizer state, so the file
+# holds only the model; the NaN makes the one step a skipped update.
+EXPORT = {"train.steps": 1, "train.global_batch": 1, "train.micro_batch": 1, "train.optimizer": "sgd",
+          "train.momentum": 0.0, "train.nonfinite": "skip", "precision.mode": "fp32",
+          "memory.activation_checkpoint": "none"}
+
+TARGET_SPS, TARGET_SPS_GPT, TARGET_MEM, TARGET_LOSS = 1.0, 1.1, 1.0, 0.01
+
+
+def set_arg(key: str, value) -> str:
+    if isinstance(value, bool):
+        v = "true" if value else "false"
+    elif isinstance(value, (int, float)):
+        v = repr(value)
+    elif isinstance(value, list):
+        v = "[" + ",".join(str(x) for x in value) + "]"
+    else:
+        v = str(value)
+    return f"{key}={v}"
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.scale = SCALES[args.scale]
+        self.lt = os.path.join(args.bin, "leantrain")
+        self.work = os.path.join(args.out, "runs")
+        self.log = open(os.path.join(args.out, "bench.log"), "w")
+        self.t0 = time.time()
+
+    def say(self, msg: str) -> None:
+        line = f"[{time.time() - self.t0:7.1f} s] {msg}"
+        print(line, file=sys.stderr, flush=True)
+        self.log.write(line + "\n")
+        self.log.flush()
+
+    def run(self, cmd: List[str], what: str, env: Optional[dict] = None, timeout: int = 1800) -> str:
+        e = dict(os.environ)
+        for k in list(e):
+            if k.startswith("LEANTRAIN_FAULT"):
+                del e[k]
+        e["PYTHONPATH"] = os.path.join(ROOT, "tools")
+        e.update(env or {})
+        t = time.time()
+        r = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+        self.log.write(f"$ {' '.join(cmd)}\n{r.stdout[-4000:]}{r.stderr[-4000:]}\n")
+        if r.returncode != 0:
+            raise RuntimeError(f"{what} failed (exit {r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
+        self.say(f"{what}: {time.time() - t:.1f} s")
+        return r.stdout + r.stderr
+
+    # ---- rows ----
+    def rows(self) -> List[dict]:
+        s = self.scale
+        out = []
+        for m, (config, model_sets, _) in s["models"].items():
+            train = dict(s["train"])
+            if m.startswith("resnet") and "train_resnet" in s:
+                train.update(s["train_resnet"])
+            ranks = [int(x) for x in self.args.ranks.split(",")] if self.args.ranks else s["ranks"]
+            for r in ranks:
+                for p in s["precisions"]:
+                    for c in s["checkpoints"]:
+                        if not s["only"](m, r, p, c):
+                            continue
+                        label = f"{m} {r}r {p} ckpt-{c}"
+                        if self.args.rows and not re.search(self.args.rows, label):
+                            continue
+                        sets = dict(model_sets)
+                        sets.update(train)
+                        sets.update(COMMON)
+                        sets.update({"precision.mode": p, "memory.activation_checkpoint": c})
+                        out.append(dict(label=label, model=m, config=config, model_sets=model_sets,
+                                        train=train, ranks=r, precision=p, ckpt=c, sets=sets))
+        return out
+
+    def export_init(self, row: dict) -> (str, dict):
+        """Note [Same start]: (checkpoint path, resolved config of the export run)."""
+        d = os.path.join(self.work, f"init-{row['model']}")
+        ckpt = os.path.join(d, "checkpoints", "step-00000001.h5")
+        if not os.path.exists(ckpt):
+            shutil.rmtree(d, ignore_errors=True)
+            sets = dict(row["model_sets"])
+            sets.update({k: v for k, v in row["train"].items() if k.startswith("data.")})
+            sets.update(COMMON)
+            sets.update(EXPORT)
+            cmd = [self.lt, "train", "--config", os.path.join(ROOT, "configs", row["config"]), "--out", d]
+            for k, v in sets.items():
+                cmd += ["--set", set_arg(k, v)]
+            self.run(cmd, f"init weights for {row['model']} (leantrain, step 0)", env={"LEANTRAIN_FAULT": "nan@1"})
+        with open(os.path.join(d, "config.json")) as fh:
+            return ckpt, json.load(fh)
+
+    def run_leantrain(self, row: dict, out: str) -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        # The final checkpoint (written after the last step event, so outside what is measured)
+        # goes to memory when it can: 1.4 GB to the disk costs seconds of wall time per run.
+        ckpt_dir = os.path.join(SHM if os.path.isdir(SHM) else out, f"lt-peers-{os.getpid()}")
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        cmd = [self.lt, "train", "--config", os.path.join(ROOT, "configs", row["config"]), "--out", out,
+               "--set", f"checkpoint.dir={ckpt_dir}"]
+        for k, v in row["sets"].items():
+            cmd += ["--set", set_arg(k, v)]
+        if row["ranks"] > 1:
+            cmd = [os.path.join(ROOT, "cluster", "mpirun.sh"), str(row["ranks"])] + cmd
+        try:
+            self.run(cmd, f"{row['label']}: leantrain")
+        finally:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+    def run_peer(self, row: dict, out: str, config_json: str, init: str) -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        script = os.path.join(HERE, "ddp_recipe.py")
+        args = ["--config", config_json, "--init", init, "--out", out]
+        if row["ranks"] > 1:
+            cmd = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={row['ranks']}",
+                   script] + args
+        else:
+            cmd = [PY, script] + args
+        self.run(cmd, f"{row['label']}: peer")
+
+    @staticmethod
+    def steps(run_dir: str) -> List[dict]:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+            return [e for e in (json.loads(l) for l in fh if l.strip()) if e.get("event") == "step"]
+
+    def measure_row(self, row: dict) -> dict:
+        init, export_cfg = self.export_init(row)
+        rdir = os.path.join(self.work, re.sub(r"[^A-Za-z0-9_.-]+", "_", row["label"]))
+        os.makedirs(rdir, exist_ok=True)
+        config_json = os.path.join(rdir, "peer_config.json")
+        res = {"lt": [], "peer": []}
+        order = []
+        for _ in range(self.args.repeats):
+            order += ["lt", "peer"] if len(order) % 4 == 0 else ["peer", "lt"]
+        cfg = None
+        for i, side in enumerate(order):
+            out = os.path.join(rdir, f"{side}{i}")
+            if side == "lt":
+                self.run_leantrain(row, out)
+                with open(os.path.join(out, "config.json")) as fh:
+                    ran = json.load(fh)
+                if cfg is None:
+                    # The first run of a row is leantrain's: its resolved config is the peer's.
+                    if ran["model"] != export_cfg["model"] or ran["data"]["seed"] != export_cfg["data"]["seed"]:
+                        raise RuntimeError(f"{row['label']}: the model or seed differs from the init export's")
+                    cfg = ran
+                    with open(config_json, "w") as fh:
+                        json.dump(cfg, fh, indent=1)
+                elif ran != cfg:
+                    raise RuntimeError(f"{row['label']}: leantrain's config.json changed between runs")
+            else:
+                self.run_peer(row, out, config_json, init)
+            res[side].append(self.steps(out))
+        return self.summarise(row, res)
+
+    @staticmethod
+    def summarise(row: dict, res: dict) -> dict:
+        s = {"row": row}
+        for side, runs in res.items():
+            # samples/s over the timed steps (the first step of each run is warm-up: lazy
+            # allocations, the optimizer state, oneDNN primitive caches): sum of samples / sum
+            # of step times over all repeats.
+            samples = secs = 0.0
+            for steps in runs:
+                timed = steps[1:] if len(steps) > 1 else steps
+                samples += sum(e["samples_per_s"] * e["step_time_s"] for e in timed)
+                secs += sum(e["step_time_s"] for e in timed)
+            s[side] = {
+                "samples_per_s": samples / secs,
+                "peak_rss_bytes": max(max(e.get("peak_rss_bytes") or 0 for e in steps) for steps in runs),
+                "final_loss": runs[0][-1]["loss"],
+                "final_loss_runs": [steps[-1]["loss"] for steps in runs],
+                "losses": [e["loss"] for e in runs[0]],
+                "step_time_s": [[round(e["step_time_s"], 4) for e in steps] for steps in runs],
+            }
+        lt, pe = s["lt"], s["peer"]
+        s["sps_ratio"] = lt["samples_per_s"] / pe["samples_per_s"]
+        s["mem_ratio"] = lt["peak_rss_bytes"] / pe["peak_rss_bytes"] if pe["peak_rss_bytes"] else float("nan")
+        s["loss_rel"] = abs(lt["final_loss"] - pe["final_loss"]) / max(abs(pe["final_loss"]), 1e-12)
+        return s
+
+    # ---- the two benches' rows ----
+    def comm_row(self) -> Optional[dict]:
+        exe = os.path.join(self.args.bin, "leantrain_bench_comm")
+        if not os.access(exe, os.X_OK):
+            self.say(f"no {exe}: collective row skipped")
+            return None
+        text = self.run([os.path.join(ROOT, "cluster", "mpirun.sh"), "2", exe] + self.scale["comm"],
+                        "collective: leantrain_bench_comm (2 ranks)")
+        head = re.search(r"\(a\) gradient all-reduce: .*?(\d+) parameters = ([\d.]+) MiB", text)
+
+        def busbw(name: str) -> float:
+            m = re.search(re.escape(name) + r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", text)
+            if not m:
+                raise RuntimeError(f"leantrain_bench_comm: no '{name}' line in its output")
+            return float(m.group(3))
+
+        return {"label": f"all-reduce busbw, 2 ranks, {head.group(2) if head else '?'} MiB (GB/s)",
+                "metric": "busbw_gb_s", "value": busbw("GradientSync, gradients in the buckets"),
+                "baseline": busbw("raw MPI_Allreduce (one call)"), "peer_name": "raw MPI_Allreduce"}
+
+    def ckpt_row(self) -> Optional[dict]:
+        exe = os.path.join(self.args.bin, "leantrain_bench_checkpoint")
+        if not os.access(exe, os.X_OK):
+            self.say(f"no {exe}: checkpoint row skipped")
+            return None
+        scratch = os.path.join(self.work, "ckpt_bench")
+        shutil.rmtree(scratch, ignore_errors=True)
+        text = self.run([exe, "--dir", scratch] + self.scale["ckpt"], "checkpoint: leantrain_bench_checkpoint")
+        shutil.rmtree(scratch, ignore_errors=True)
+
+        def mib(name: str) -> float:
+            m = re.search(r"\| " + re.escape(name) + r"[^|]*\| ([\d.]+) \| ([\d.e+]+) \| ([\d.]+) \|", text)
+            if not m:
+                raise RuntimeError(f"leantrain_bench_checkpoint: no '{name}' row in its output")
+            return float(m.group(3))
+
+        size = re.search(r"\| write of ([^(|]+)", text)
+        return {"label": f"checkpoint write, {size.group(1).strip() if size else '?'} (MiB/s)",
+                "metric": "write_mib_per_s", "value": mib("commit_checkpoint"),
+                "baseline": mib("baseline: fwrite + fflush + fsync"), "peer_name": "fwrite + fsync"}
+
+
+def commit_label() -> str:
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.0f} MiB"
+
+
+def table(results: List[dict], extra: List[dict]) -> str:
+    lines = ["| row | leantrain samples/s | peer samples/s | ratio | leantrain peak RSS | peer peak RSS | ratio "
+             "| final loss leantrain | peer | rel. diff | targets |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in results:
+        r, lt, pe = s["row"], s["lt"], s["peer"]
+        want = TARGET_SPS_GPT if r["model"].startswith("gpt") else TARGET_SPS
+        miss = []
+        if s["sps_ratio"] < want:
+            miss.append(f"speed < {want}x")
+        if s["mem_ratio"] > TARGET_MEM:
+            miss.append("memory > 1.0x")
+        if s["loss_rel"] > TARGET_LOSS:
+            miss.append("loss > 1%")
+        lines.append(f"| {r['label']} | {lt['samples_per_s']:.3f} | {pe['samples_per_s']:.3f} | "
+                     f"**{s['sps_ratio']:.2f}x** | {gib(lt['peak_rss_bytes'])} | {gib(pe['peak_rss_bytes'])} | "
+                     f"**{s['mem_ratio']:.2f}x** | {lt['final_loss']:.6f} | {pe['final_loss']:.6f} | "
+                     f"{100 * s['loss_rel']:.4f}% | {'met' if not miss else 'missed: ' + ', '.join(miss)} |")
+    if extra:
+        lines += ["", "| row | leantrain | baseline | ratio |", "|---|---|---|---|"]
+        for e in extra:
+            lines.append(f"| {e['label']} | {e['value']:.3f} | {e['baseline']:.3f} ({e['peer_name']}) | "
+                         f"**{e['value'] / e['baseline']:.2f}x** |")
+    return "\n".join(lines) + "\n"
+
+
+def write_jsonl(path: str, results: List[dict], extra: List[dict]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        for s in results:
+            for metric in ("samples_per_s", "peak_rss_bytes", "final_loss"):
+                fh.write(json.dumps({"bench": "peers", "row": s["row"]["label"], "metric": metric,
+                                     "value": s["lt"][metric], "baseline": s["peer"][metric]}) + "\n")
+        for e in extra:
+            fh.write(json.dumps({"bench": "peers", "row": e["label"], "metric": e["metric"],
+                                 "value": e["value"], "baseline": e["baseline"]}) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv) -> int:
+    ap = argparse.ArgumentParser(description="leantrain vs the PyTorch DDP recipe, side by side")
+    ap.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"), help="leantrain's bin directory")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "peers"),
+                    help="results.jsonl, bench.log, plots, and runs/ (deleted at the end unless --keep)")
+    ap.add_argument("--doc", default=None, help="markdown file for the table (default docs/BENCH_PEERS.md "
+                    "for --scale cpu|full, none for smoke)")
+    ap.add_argument("--rows", default="", help="only rows whose label matches this regex (e.g. 'gpt6 1r')")
+    ap.add_argument("--ranks", default="", help="comma-separated rank counts instead of the scale's (e.g. 2)")
+    ap.add_argument("--repeats", type=int, default=2, help="pairs of runs per side per row (alternating A B B A)")
+    ap.add_argument("--no-extra", action="store_true", help="skip the collective and checkpoint rows")
+    ap.add_argument("--keep", action="store_true", help="keep OUT/runs/")
+    ap.add_argument("--list", action="store_true", help="print the rows and exit")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    if args.ranks and not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", args.ranks):
+        ap.error(f"--ranks {args.ranks!r}: expected rank counts like 1,2")
+    if not os.access(os.path.join(args.bin, "leantrain"), os.X_OK):
+        print(f"compare.py: no leantrain binary in --bin {args.bin} (build it: bash bench/peers/run.sh builds)",
+              file=sys.stderr)
+        return 2
+    # The doc holds whole runs only: not smoke, not a --rows / --ranks subset.
+    doc = args.doc if args.doc is not None else (None if args.scale == "smoke" or args.rows or args.ranks else
+                                                  os.path.join(ROOT, "docs", "BENCH_PEERS.md"))
+    os.makedirs(args.out, exist_ok=True)
+    bench = Bench(args)
+    rows = bench.rows()
+    if args.list:
+        print("\n".join(r["label"] for r in rows))
+        return 0
+    if not rows:
+        print(f"compare.py: no row matches --rows {args.rows!r}", file=sys.stderr)
+        return 2
+    bench.say(f"scale {args.scale}: {len(rows)} rows x {2 * args.repeats} runs; commit {commit_label()}")
+    results, extra = [], []
+    try:
+        for row in rows:
+            s = bench.measure_row(row)
+            results.append(s)
+            bench.say(f"{row['label']}: samples/s {s['sps_ratio']:.2f}x, peak RSS {s['mem_ratio']:.2f}x, "
+                      f"final loss diff {100 * s['loss_rel']:.4f}%")
+        if not args.no_extra and not args.rows:
+            for f in (bench.comm_row, bench.ckpt_row):
+                e = f()
+                if e:
+                    extra.append(e)
+    except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+        return 1
+    wall = time.time() - bench.t0
+    md = table(results, extra)
+    print(md)
+    write_jsonl(os.path.join(args.out, "results.jsonl"), results, extra)
+    with open(os.path.join(args.out, "details.json"), "w") as fh:
+        json.dump({"scale": args.scale, "commit": commit_label(), "wall_s": wall,
+                   "rows": [{k: v for k, v in s.items() if k != "row"} | {"label": s["row"]["label"],
+                            "sets": s["row"]["sets"]} for s in results], "extra": extra}, fh, indent=1)
+    if doc:
+        write_doc(doc, md, args, wall, rows)
+    report = subprocess.run([os.path.join(args.bin, "leantrain"), "report", "--help"], capture_output=True, text=True)
+    if report.returncode == 0 and "--bench" in report.stdout + report.stderr:
+        # Into a folder of its own: `report --out DIR` replaces what DIR held (results.jsonl too).
+        bench.run([os.path.join(args.bin, "leantrain"), "report", "--bench", os.path.join(args.out, "results.jsonl"),
+                   "--out", os.path.join(args.out, "plots")], "plots: leantrain report --bench")
+    else:
+        bench.say("leantrain report has no --bench option in this build: plots skipped")
+    if not args.keep:
+        shutil.rmtree(bench.work, ignore_errors=True)
+    bench.say(f"done in {wall:.0f} s; {os.path.join(args.out, 'results.jsonl')}" + (f", {doc}" if doc else ""))
+    return 0
+
+
+def write_doc(path: str, md: str, args, wall: float, rows: List[dict]) -> None:
+    """The generated part of docs/BENCH_PEERS.md, between the two markers (the prose around it
+    is kept); a new file gets just the markers and the table."""
+    begin, end = "<!-- BEGIN GENERATED by bench/peers/compare.py -->", "<!-- END GENERATED -->"
+    load = os.getloadavg()
+    body = (f"{begin}\nMeasured at commit `{commit_label()}`, `--scale {args.scale}`, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {wall:.0f} s wall, load average at the end "
+            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, {len(rows)} rows x {2 * args.repeats} runs.\n\n{md}{end}")
+    text = open(path).read() if os.path.exists(path) else ""
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + body + text[text.index(end) + len(end):]
+    else:
+        text = (text + "\n" if text else "") + body + "\n"
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
