@@ -156,7 +156,8 @@ class Bench {
       lt::validate(cfg, 1);
       const auto ctx = lt::make_runtime_context(cfg, lt::detect_world());
       auto comm = lt::comm::make_communicator(cfg.comm, ctx);
-      lt::trainers::run_training(cfg, ctx, *comm, dir);
+      if (lt::trainers::run_training(cfg, ctx, *comm, dir).preempted)
+        throw std::runtime_error("stopped by SIGTERM/SIGUSR1 (a timeout?): the measurements are incomplete");
       std::ifstream in(lt::files::join(dir, "metrics.jsonl"));
       double timed = 0;
       int n = 0;
@@ -402,6 +403,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const c10::Error& e) {
     std::cerr << "leantrain_bench_planner: error: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "leantrain_bench_planner: " << e.what() << "\n";
     return 1;
   }
   lt::files::remove_tree(o.work);
