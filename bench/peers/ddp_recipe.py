@@ -8,7 +8,7 @@ torch.utils.checkpoint + no_sync() gradient accumulation, written as a careful u
 --config is leantrain's fully resolved config.json (what `leantrain train` writes into its
 run directory), so every hyper-parameter is the one leantrain ran with: model (the same
 definitions, tools/leantrain_py/reference_models.py), synthetic data (the same samples in
-the same order on the same rank, bench/peers/lt_data.py), AdamW or SGD with leantrain's
+the same order on the same rank, tools/leantrain_py/sample_stream.py), AdamW or SGD with leantrain's
 parameter groups (weight decay on tensors with >= 2 dims), warmup + cosine schedule
 (trainers/src/schedule.cpp), gradient clipping, precision (fp32; bf16 autocast; fp16 autocast
 with torch.amp.GradScaler), activation checkpointing ("full": every block through
@@ -40,7 +40,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -48,7 +47,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
-import lt_data  # noqa: E402
+from leantrain_py import sample_stream as lt_data  # noqa: E402
 from leantrain_py.checkpoint import load_checkpoint  # noqa: E402
 from leantrain_py.reference_models import build_model  # noqa: E402
 

@@ -110,6 +110,13 @@ void GradientSync::allocate_buffers() {
   }
 }
 
+bool GradientSync::in_buckets(const torch::Tensor& t) const {
+  if (!t.defined() || !t.has_storage()) return false;
+  for (const auto& b : buckets_)
+    if (b.flat.defined() && t.storage().is_alias_of(b.flat.storage())) return true;
+  return false;
+}
+
 void GradientSync::install_hooks() {
   if (!accumulators_.empty()) return;
   for (size_t i = 0; i < params_.size(); ++i) {

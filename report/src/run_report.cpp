@@ -29,7 +29,8 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 struct StepRow {
   double loss = kNaN, lr = kNaN, loss_scale = kNaN, samples_per_s = kNaN, tokens_per_s = kNaN;
-  double peak = kNaN, params = kNaN, grads = kNaN, optimizer = kNaN, activations = kNaN, comm_buffers = kNaN;
+  double peak = kNaN, params = kNaN, grads = kNaN, optimizer = kNaN, activations = kNaN, comm_buffers = kNaN,
+         other = kNaN;
   double micro_batch = kNaN, accumulation = kNaN;
 };
 
@@ -69,31 +70,36 @@ RunData read_metrics(const std::string& path, std::vector<std::string>& warnings
       return static_cast<int64_t>(s);
     };
     if (kind == "step") {
+      static const std::pair<double StepRow::*, const char*> kFields[] = {
+          {&StepRow::loss, "loss"},
+          {&StepRow::lr, "lr"},
+          {&StepRow::loss_scale, "loss_scale"},
+          {&StepRow::samples_per_s, "samples_per_s"},
+          {&StepRow::tokens_per_s, "tokens_per_s"},
+          {&StepRow::peak, "peak_mem_bytes"},
+          {&StepRow::params, "mem_params_bytes"},
+          {&StepRow::grads, "mem_grads_bytes"},
+          {&StepRow::optimizer, "mem_optimizer_bytes"},
+          {&StepRow::activations, "mem_activations_bytes"},
+          {&StepRow::comm_buffers, "mem_comm_buffers_bytes"},
+          {&StepRow::other, "mem_other_bytes"},
+          {&StepRow::micro_batch, "micro_batch"},
+          {&StepRow::accumulation, "accumulation"}};
       StepRow r;
-      r.loss = number(l, "loss", path);
-      r.lr = number(l, "lr", path);
-      r.loss_scale = number(l, "loss_scale", path);
-      r.samples_per_s = number(l, "samples_per_s", path);
-      r.tokens_per_s = number(l, "tokens_per_s", path);
-      r.peak = number(l, "peak_mem_bytes", path);
-      r.params = number(l, "mem_params_bytes", path);
-      r.grads = number(l, "mem_grads_bytes", path);
-      r.optimizer = number(l, "mem_optimizer_bytes", path);
-      r.activations = number(l, "mem_activations_bytes", path);
-      r.comm_buffers = number(l, "mem_comm_buffers_bytes", path);
-      r.micro_batch = number(l, "micro_batch", path);
-      r.accumulation = number(l, "accumulation", path);
+      for (const auto& [field, key] : kFields) r.*field = number(l, key, path);
       d.steps[step_of()] = r;
     } else if (kind == "epoch") {
+      static const std::pair<double EpochRow::*, const char*> kFields[] = {
+          {&EpochRow::epoch, "epoch"},
+          {&EpochRow::step, "step"},
+          {&EpochRow::eval_loss, "eval_loss"},
+          {&EpochRow::eval_accuracy, "eval_accuracy"},
+          {&EpochRow::eval_perplexity, "eval_perplexity"},
+          {&EpochRow::epoch_time_s, "epoch_time_s"},
+          {&EpochRow::samples_per_s, "samples_per_s"},
+          {&EpochRow::peak, "peak_mem_bytes"}};
       EpochRow r;
-      r.epoch = number(l, "epoch", path);
-      r.step = number(l, "step", path);
-      r.eval_loss = number(l, "eval_loss", path);
-      r.eval_accuracy = number(l, "eval_accuracy", path);
-      r.eval_perplexity = number(l, "eval_perplexity", path);
-      r.epoch_time_s = number(l, "epoch_time_s", path);
-      r.samples_per_s = number(l, "samples_per_s", path);
-      r.peak = number(l, "peak_mem_bytes", path);
+      for (const auto& [field, key] : kFields) r.*field = number(l, key, path);
       if (!std::isfinite(r.epoch))
         throw ReportError(path + ":" + std::to_string(l.number) + ": an \"epoch\" event needs an \"epoch\" number");
       d.epochs[static_cast<int64_t>(r.epoch)] = r;
@@ -278,7 +284,7 @@ class RunReport {
     add("samples_per_s.png", "Samples per second per step; the dashed line is the mean without the first step");
   }
 
-  // Stacked areas (params, grads, optimizer, activations, comm buffers: they add up to the
+  // Stacked areas (params, grads, optimizer, comm buffers, other, activations: they add up to the
   // peak, README "Metrics file") under the measured peak as a line.
   void peak_memory() {
     const Points peak = series(&StepRow::peak);
@@ -295,6 +301,7 @@ class RunReport {
                                    {&StepRow::grads, "gradients", "#ff7f0e"},
                                    {&StepRow::optimizer, "optimizer state", "#2ca02c"},
                                    {&StepRow::comm_buffers, "grad buckets", "#9467bd"},
+                                   {&StepRow::other, "other (buffers, batch, checkpoint snapshot)", "#7f7f7f"},
                                    {&StepRow::activations, "activations", "#d62728"}};
     std::vector<Part> parts;
     for (const auto& part : all) {
@@ -448,6 +455,7 @@ std::string summary_html(const RunData& d, const std::optional<nlohmann::json>& 
                           ", optimizer " + detail::bytes(top->optimizer) + ", activations " +
                           detail::bytes(top->activations);
       if (top->comm_buffers > 0) parts += ", gradient buckets " + detail::bytes(top->comm_buffers);
+      if (top->other > 0) parts += ", other " + detail::bytes(top->other);
       rows.push_back({"peak memory", detail::bytes(top->peak) + " at step " + std::to_string(top_step) + " (" +
                                          escape(parts) + ")"});
     }

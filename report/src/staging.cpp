@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "leantrain/report/report.h"
 #include "leantrain/runtime/files.h"
 
 namespace lt::report::detail {
@@ -31,14 +32,33 @@ std::string make_temp_dir(const std::string& prefix) {
   return name.data();
 }
 
+// Every report folder holds this file; a folder without it (and without the gnuplot script
+// of a report written before the marker existed) is somebody else's and is not replaced.
+constexpr const char* kMarker = ".leantrain-report";
+
+bool is_replaceable(const std::string& dir) {
+  if (!files::exists(dir)) return true;
+  return files::list_dir(dir).empty() || files::exists(files::join(dir, kMarker)) ||
+         files::exists(files::join(dir, "gnuplot/plots.gp"));
+}
+
+void refuse_foreign(const std::string& out) {
+  if (!is_replaceable(out))
+    throw ReportError("cannot write the report to " + out +
+                      ": that folder holds files that are not a leantrain report (a report replaces its "
+                      "whole folder); give --out a new or empty folder");
+}
+
 }  // namespace
 
 Staging::Staging(const std::string& out) : out_(out) {
   while (out_.size() > 1 && out_.back() == '/') out_.pop_back();
   if (files::exists(out_) && !files::is_directory(out_))
     throw std::runtime_error("cannot write the report to " + out_ + ": a file is in the way");
+  refuse_foreign(out_);
   files::make_dirs(parent_of(out_));
   dir_ = make_temp_dir(out_ + ".tmp-");
+  write(kMarker, "written by leantrain report; this folder is replaced as a whole when the report is redrawn\n");
 }
 
 Staging::~Staging() {
@@ -57,6 +77,7 @@ void Staging::write(const std::string& name, const std::string& content) const {
 // A previous report is first moved aside (rename over an empty folder made for it), so the
 // new one is renamed into a free name; the old one is deleted only after that succeeded.
 void Staging::commit() {
+  refuse_foreign(out_);  // again: something may have been put there while gnuplot drew
   std::string old;
   if (files::exists(out_)) {
     old = make_temp_dir(out_ + ".old-");

@@ -6,7 +6,8 @@ namespace lt::report::detail {
 
 class Staging {
  public:
-  /// Creates `out`'s parent (mkdir -p) and the staging folder beside `out`.
+  /// Creates `out`'s parent (mkdir -p) and the staging folder beside `out`; throws ReportError
+  /// when `out` holds files that are not a leantrain report.
   explicit Staging(const std::string& out);
   /// Removes the staging folder unless commit() succeeded.
   ~Staging();
@@ -16,7 +17,8 @@ class Staging {
   const std::string& dir() const { return dir_; }
   /// Writes `name` (relative, its folders are created) inside the staging folder.
   void write(const std::string& name, const std::string& content) const;
-  /// Replaces `out` (a previous report) by the staging folder.
+  /// Replaces `out` (absent, empty, or a previous report) by the staging folder. Throws
+  /// ReportError, touching nothing, when `out` holds files that are not a report.
   void commit();
 
  private:

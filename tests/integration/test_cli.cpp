@@ -209,6 +209,9 @@ TEST_F(Cli, TwoRanksMatchOneRankUnderMpirun) {
       EXPECT_EQ(j["comm_calls_in_microbatches"].get<int64_t>(), 0) << line;
       EXPECT_GE(j["grad_buckets"].get<int64_t>(), 3) << line;
       EXPECT_EQ(j["grad_allreduce_calls"].get<int64_t>(), j["grad_buckets"].get<int64_t>()) << line;
+      // Note [Gradients stay in the buckets]: from step 2 no gradient lives outside them.
+      if (j["step"].get<int>() >= 2) EXPECT_EQ(j["mem_grads_bytes"].get<int64_t>(), 0) << line;
+      EXPECT_GE(j["mem_comm_buffers_bytes"].get<int64_t>(), j["mem_params_bytes"].get<int64_t>()) << line;
     }
     EXPECT_EQ(steps, 10);
     for (const std::string other : {"_one_4x4", "_one_8x2"}) {

@@ -68,6 +68,27 @@ class Memory : public Cli {
   }
 };
 
+// Note [Memory breakdown]: the parts of a step's peak add up to it, and optimizer state is
+// the AdamW moments (two FP32 copies of the parameters once the first update made them), also
+// while the background checkpoint writer holds a snapshot (checkpoints every step here):
+// the snapshot is "other".
+TEST_F(Memory, BreakdownAddsUpToThePeakAndOptimizerStateIsTheMoments) {
+  auto r = run_cmd(train(5, "run", "--set checkpoint.every_steps=1"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto steps = events(dir_ / "run", "step");
+  ASSERT_EQ(steps.size(), 5u);
+  for (const auto& s : steps) {
+    const int64_t params = s["mem_params_bytes"].get<int64_t>();
+    const int64_t optimizer = s["mem_optimizer_bytes"].get<int64_t>();
+    EXPECT_EQ(optimizer, s["step"] == 1 ? 0 : 2 * params) << s.dump();
+    EXPECT_GE(s["mem_other_bytes"].get<int64_t>(), 0);
+    const int64_t sum = params + s["mem_grads_bytes"].get<int64_t>() + optimizer +
+                        s["mem_comm_buffers_bytes"].get<int64_t>() + s["mem_other_bytes"].get<int64_t>() +
+                        s["mem_activations_bytes"].get<int64_t>();
+    EXPECT_EQ(sum, s["peak_mem_bytes"].get<int64_t>()) << s.dump();
+  }
+}
+
 TEST_F(Memory, BudgetBelowParametersGradientsAndOptimizerStateIsRefusedWithTheMinimum) {
   auto r = run_cmd(train(3, "run", "--memory-budget 100KiB"));
   EXPECT_EQ(r.code, 2) << r.err;

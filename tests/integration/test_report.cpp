@@ -235,3 +235,26 @@ TEST_F(Report, BadBenchFileExitsTwo) {
                       "none.jsonl: no such file");
   EXPECT_FALSE(fs::exists(dir_ / "o"));
 }
+
+// A report replaces its whole folder, so --out naming a folder that holds other files (the
+// bench's own results, say) is refused and those files stay; an earlier report, or an empty
+// folder, is replaced.
+TEST_F(Report, RefusesAnOutFolderHoldingOtherFiles) {
+  const auto results = dir_ / "results";
+  fs::create_directories(results);
+  const auto bench = results / "results.jsonl";
+  const std::string line = R"({"bench":"a","row":"r","metric":"m","value":1})";
+  std::ofstream(bench) << line << "\n";
+  expect_config_error("report --bench " + bench.string() + " --out " + results.string(),
+                      "holds files that are not a leantrain report");
+  EXPECT_EQ(slurp(bench), line + "\n");
+  EXPECT_EQ(std::distance(fs::directory_iterator(results), fs::directory_iterator{}), 1);
+  EXPECT_TRUE(names_starting(dir_, "results.").empty());
+
+  const auto empty = dir_ / "empty";
+  fs::create_directories(empty);
+  ASSERT_EQ(run("report --bench " + bench.string() + " --out " + empty.string()).code, 0);
+  EXPECT_TRUE(fs::exists(empty / ".leantrain-report"));
+  ASSERT_EQ(run("report --bench " + bench.string() + " --out " + empty.string()).code, 0) << "a report is replaced";
+  expect_picture(empty / "m.png", 900, 260);
+}

@@ -7,7 +7,8 @@ reference model loaded from that checkpoint, and require the same eval loss and 
 
 The batches are rebuilt as data/src/datasets.cpp and samples.cpp build them: the Fashion-MNIST
 normalisation, text windows of seq_len+1 bytes, and BERT masking driven by std::mt19937_64
-seeded from mix_seed. If the data layer changes, this file has to follow.
+seeded from mix_seed (tools/leantrain_py/sample_stream.py). If the data layer changes, that
+file has to follow.
 
 Then the outputs themselves: leantrain_dump_outputs (tests/tools/dump_outputs.cpp) rebuilds the
 C++ model from the same checkpoint, runs it in eval mode on a deterministic input and writes
@@ -41,6 +42,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from leantrain_py import check_outputs  # noqa: E402
 from leantrain_py.checkpoint import crc32_of, load_into_reference  # noqa: E402
+# The data layer's random numbers and BERT masking (data/src/rng.h, sampling.cpp, samples.cpp),
+# shared with the peer benchmark.
+from leantrain_py.sample_stream import MT19937_64, bert_mask  # noqa: E402
 
 SKIP = 77
 # Both sides run the same LibTorch kernels on the CPU with one thread, so the losses agree
@@ -50,78 +54,6 @@ REL_TOL = 1e-9
 # The issue's bound on outputs: max|a-b| <= OUT_TOL * max(1, max|C++ output|) (check_outputs.py).
 OUT_TOL = 1e-5
 FASHION = "/usr/share/datasets/fashion-mnist"
-M64 = (1 << 64) - 1
-
-
-# ---- the data layer's random numbers (data/src/rng.h, sampling.cpp) ----
-
-class MT19937_64:
-    """std::mt19937_64 with its single-integer seeding."""
-
-    def __init__(self, seed: int):
-        self.mt = [seed & M64] + [0] * 311
-        for i in range(1, 312):
-            self.mt[i] = (6364136223846793005 * (self.mt[i - 1] ^ (self.mt[i - 1] >> 62)) + i) & M64
-        self.i = 312
-
-    def __call__(self) -> int:
-        if self.i >= 312:
-            mt = self.mt
-            for k in range(312):
-                x = (mt[k] & 0xFFFFFFFF80000000) | (mt[(k + 1) % 312] & 0x7FFFFFFF)
-                mt[k] = mt[(k + 156) % 312] ^ (x >> 1) ^ (0xB5026F5AA96619E9 if x & 1 else 0)
-            self.i = 0
-        y = self.mt[self.i]
-        self.i += 1
-        y ^= (y >> 29) & 0x5555555555555555
-        y ^= (y << 17) & 0x71D67FFFEDA60000
-        y ^= (y << 37) & 0xFFF7EEE000000000
-        return (y ^ (y >> 43)) & M64
-
-
-def splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
-    return x ^ (x >> 31)
-
-
-def mix_seed(parts) -> int:
-    h = 0x6A09E667F3BCC909
-    for p in parts:
-        h = splitmix64(h ^ splitmix64(p & M64))
-    return h
-
-
-def uniform01(rng) -> float:
-    return (rng() >> 11) * 2.0**-53
-
-
-def bounded(rng, n: int) -> int:
-    threshold = ((1 << 64) - n) % n
-    while True:
-        x = rng()
-        if x >= threshold:
-            return x % n
-
-
-def bert_mask(tokens, seed, epoch, index, p, mask_token, random_vocab):
-    """detail::bert_mask (data/src/samples.cpp): (input, target)."""
-    rng = MT19937_64(mix_seed([seed, 0x6D61736B, epoch, index]))
-    inp, T = list(tokens), len(tokens)
-    chosen = [uniform01(rng) < p for _ in range(T)]
-    if not any(chosen):
-        chosen[bounded(rng, T)] = True
-    target = [-100] * T
-    for q in range(T):
-        if chosen[q]:
-            target[q] = inp[q]
-            r = uniform01(rng)
-            if r < 0.8:
-                inp[q] = mask_token
-            elif r < 0.9:
-                inp[q] = bounded(rng, random_vocab)
-    return inp, target
 
 
 # ---- runs ----

@@ -166,6 +166,16 @@ std::pair<double, double> fit_line(const std::vector<double>& x, const std::vect
   return {my - b * mx, b};
 }
 
+// One row of the candidate table, before it is probed.
+PlanRow make_row(const std::string& precision, const std::string& policy, int64_t micro_batch, int64_t per_rank) {
+  PlanRow row;
+  row.precision = precision;
+  row.policy = policy;
+  row.micro_batch = micro_batch;
+  row.accumulation = per_rank / micro_batch;
+  return row;
+}
+
 std::string fmt(double v, const char* f) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -246,11 +256,7 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
         // A later policy recomputes more: at micro-batch 1 it is slower still.
         fit.slow = true;
         for (const int64_t m : micros) {
-          PlanRow row;
-          row.precision = precision;
-          row.policy = policy;
-          row.micro_batch = m;
-          row.accumulation = per_rank / m;
+          PlanRow row = make_row(precision, policy, m, per_rank);
           row.slow = true;
           plan.rows.push_back(row);
         }
@@ -265,11 +271,7 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
         models::apply_checkpoint_policy(*model, models::CheckpointPolicy::parse(policy));
         auto optimizer = make_optimizer(t, *model);
         for (const int64_t m : micros) {
-          PlanRow row;
-          row.precision = precision;
-          row.policy = policy;
-          row.micro_batch = m;
-          row.accumulation = per_rank / m;
+          PlanRow row = make_row(precision, policy, m, per_rank);
           // Prune: stop growing once a probe ran out of memory or the model predicts more
           // than the budget (one point is enough: its line goes through the fixed part).
           if (!pruned && !xs.empty()) {
@@ -319,11 +321,7 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
       } catch (const c10::OutOfMemoryError&) {
         // The model and its optimizer state alone did not fit: every row of this pair is out.
         for (size_t i = plan.rows.size(); i < first_row + micros.size(); ++i) {
-          PlanRow row;
-          row.precision = precision;
-          row.policy = policy;
-          row.micro_batch = micros[i - first_row];
-          row.accumulation = per_rank / row.micro_batch;
+          PlanRow row = make_row(precision, policy, micros[i - first_row], per_rank);
           row.oom = true;
           plan.rows.push_back(row);
         }

@@ -83,6 +83,23 @@ int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes) {
   return t.momentum != 0 ? param_bytes : 0;
 }
 
+int64_t optimizer_state_allocated_bytes(torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  auto add = [&](const torch::Tensor& x) {
+    if (x.defined()) bytes += static_cast<int64_t>(x.nbytes());
+  };
+  for (const auto& [key, state] : optimizer.state()) {
+    if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
+      add(a->exp_avg());
+      add(a->exp_avg_sq());
+      add(a->max_exp_avg_sq());
+    } else if (auto* m = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
+      add(m->momentum_buffer());
+    }
+  }
+  return bytes;
+}
+
 namespace {
 
 std::string bytes_text(int64_t b) { return format_bytes(b) + " (" + std::to_string(b) + " bytes)"; }
@@ -357,11 +374,23 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     meter.reset_peak();
     const double lr = lr_at(t, step, total_steps);
     set_lr(*optimizer, lr);
-    optimizer->zero_grad(/*set_to_none=*/true);
-    // Note [Memory breakdown]: with gradients freed, what is allocated at the start of a step
-    // is parameters + optimizer state (+ small buffers); the step's peak above that is the
-    // gradients plus the activations of one micro-batch.
+    // Note [Gradients stay in the buckets]: under mpirun every .grad is, after the first
+    // synchronisation, an alias of its slot in a persistent bucket buffer (Note [Gradients as
+    // bucket views] in comm/src/grad_sync.cpp). Zeroing in place keeps it so: backward then
+    // accumulates straight into the buckets, nothing is packed, and no second copy of the
+    // gradients is allocated each step (DDP's gradient_as_bucket_view, kept across steps).
+    // One rank has no buckets; there freeing the gradients keeps them out of the forward's peak.
+    optimizer->zero_grad(/*set_to_none=*/world == 1);
+    // Note [Memory breakdown]: what is allocated at the start of a step is parameters +
+    // optimizer state + gradient buckets (holding the zeroed gradients under mpirun) + the rest
+    // ("other": model buffers, the batch, and the background checkpoint writer's snapshot
+    // while it writes); the step's peak above that is the gradients outside the buckets plus
+    // the activations of one micro-batch. Optimizer state is summed over its tensors, so a
+    // checkpoint snapshot is not counted as such.
     const int64_t step_base = meter.stats().current_bytes;
+    const int64_t optimizer_bytes = optimizer_state_allocated_bytes(*optimizer);
+    const int64_t other_bytes =
+        std::max<int64_t>(0, step_base - param_bytes - optimizer_bytes - grad_sync.buffer_bytes());
 
     // Note [Out-of-memory back-off]: an out-of-memory error in a micro-batch (forward,
     // backward, or a block's recompute) unwinds its scope, which frees its graph and batch.
@@ -410,7 +439,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       } catch (const c10::OutOfMemoryError& e) {
         oom = true;
         oom_what = first_line(e);
-        optimizer->zero_grad(/*set_to_none=*/true);  // what the partial step accumulated
+        // What the partial step accumulated. Dropped, not zeroed: a bucket's all-reduce may
+        // still be reading its buffer.
+        optimizer->zero_grad(/*set_to_none=*/true);
       }
       // Collectives issued while the micro-batches ran, besides the gradient buckets started in
       // the last backward (must be none: accumulation is local).
@@ -440,7 +471,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       const int64_t ranks_oom = static_cast<int64_t>(std::lround(reduced[2].item<double>()));
       if (ranks_oom == 0) break;
 
-      optimizer->zero_grad(/*set_to_none=*/true);  // the sums of a step that is redone
+      // The sums of a step that is redone; in place under mpirun (every collective has ended),
+      // so the redo accumulates in the buckets (Note [Gradients stay in the buckets]).
+      optimizer->zero_grad(/*set_to_none=*/world == 1);
       loss_sum = torch::Tensor();
       const std::string who = oom ? "out of memory" : "out of memory on " + std::to_string(ranks_oom) + " other rank(s)";
       const std::string where = "step " + std::to_string(step + 1) + ": " + who + " with micro-batch " +
@@ -470,9 +503,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       live.train.micro_batch = micro;
       meter.reset_peak();  // the step's peak is the attempt that completes
     }
-    int64_t grad_bytes = 0;
+    int64_t grad_bytes = 0;  // gradients in the buckets are counted as buckets
     for (const auto& p : params)
-      if (p.grad().defined()) grad_bytes += static_cast<int64_t>(p.grad().nbytes());
+      if (p.grad().defined() && !grad_sync.in_buckets(p.grad())) grad_bytes += static_cast<int64_t>(p.grad().nbytes());
 
     const double scale_used = scaler.scale_value();
     // Note [Non-finite loss]: fp16 leaves a NaN/inf to the loss scaler (its gradients are
@@ -523,8 +556,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
                       {"accumulation", accum},
                       {"mem_params_bytes", param_bytes},
                       {"mem_grads_bytes", grad_bytes},
-                      {"mem_optimizer_bytes", std::max<int64_t>(0, step_base - param_bytes - grad_sync.buffer_bytes())},
+                      {"mem_optimizer_bytes", optimizer_bytes},
                       {"mem_comm_buffers_bytes", grad_sync.buffer_bytes()},
+                      {"mem_other_bytes", other_bytes},
                       {"mem_activations_bytes", std::max<int64_t>(0, peak - step_base - grad_bytes)}};
     epoch_act_peak = std::max(epoch_act_peak, std::max<int64_t>(0, peak - step_base - grad_bytes));
     if (tokens > 0) f.emplace_back("tokens_per_s", static_cast<double>(tokens * world) / step_time);

@@ -60,6 +60,9 @@ class GradientSync {
   bool overlap() const { return overlap_; }
   /// Bytes of the persistent bucket buffers (0 before the first synchronisation).
   int64_t buffer_bytes() const { return buffer_bytes_; }
+  /// Whether `t` lives in a bucket buffer (a .grad aliased by finish() and kept, zeroed in
+  /// place, by zero_grad without set_to_none).
+  bool in_buckets(const torch::Tensor& t) const;
   /// The last synchronisation's times; between begin_last_backward() and finish(), the
   /// current one's so far (started_in_backward is final once backward has returned).
   const GradSyncTimes& last_times() const { return times_; }

@@ -17,4 +17,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, to
 /// parameter, SGD one momentum buffer (none without momentum).
 int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes);
 
+/// Bytes the optimizer's state tensors hold now (AdamW moments, SGD momentum buffers): 0
+/// before the first update.
+int64_t optimizer_state_allocated_bytes(torch::optim::Optimizer& optimizer);
+
 }  // namespace lt::trainers

@@ -1,4 +1,5 @@
-"""leantrain's synthetic training stream, rebuilt in Python for the PyTorch peer.
+"""leantrain's data-layer random numbers and synthetic training stream, rebuilt in Python:
+for the PyTorch peer (bench/peers/ddp_recipe.py) and tests/python/test_against_cpp.py.
 
 The peer must train on exactly the samples leantrain trains on, in the same order and split
 the same way across ranks and micro-batches. leantrain's data layer is deterministic and
