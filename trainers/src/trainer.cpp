@@ -70,7 +70,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, to
       return std::make_unique<torch::optim::AdamWOptions>(
           torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(wd));
     });
-    return std::make_unique<torch::optim::AdamW>(std::move(groups), defaults);
+    return std::make_unique<ChunkedAdamW>(std::move(groups), defaults);
   }
   auto [groups, defaults] = build([&](double wd) {
     return std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(wd));

@@ -10,7 +10,15 @@
 
 namespace lt::trainers {
 
-/// AdamW or SGD over two groups: weight decay on tensors with >= 2 dimensions only.
+/// torch::optim::AdamW whose step() gives bitwise the same results with temporaries of at
+/// most 1 MiB instead of two the size of the largest parameter (Note [Chunked AdamW]).
+class ChunkedAdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
+/// AdamW (ChunkedAdamW) or SGD over two groups: weight decay on tensors with >= 2 dimensions only.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model);
 
 /// Bytes of optimizer state the first update allocates: AdamW keeps two FP32 moments per
