@@ -2,6 +2,7 @@
 // precision x activation checkpointing x micro-batch under the budget, and its choice, used
 // for a real run, never exceeds the budget. Budgets come from peaks the test measures.
 #include <chrono>
+#include <map>
 
 #include "cli_fixture.h"
 
@@ -90,6 +91,33 @@ TEST_F(Planner, ChosenPlanKeepsA30StepRunUnderTheBudget) {
   }
   EXPECT_GT(pruned_or_oom, 0);
   EXPECT_EQ(c["predicted_samples_per_s"].get<double>(), best);
+  // Note [Probe order]: micro-batch 1, then the largest predicted to fit; the micro-batches
+  // between are skipped (predicted only), each below a larger probed one that fits and is
+  // predicted faster. Six micro-batches (1..32) a pair, at most four probes.
+  std::map<std::string, std::vector<nlohmann::json>> pairs;
+  for (const auto& row : plan["candidates"])
+    pairs[row["precision"].get<std::string>() + "/" + row["activation_checkpoint"].get<std::string>()].push_back(row);
+  int skipped = 0;
+  for (const auto& [pair, rows] : pairs) {
+    ASSERT_EQ(rows.size(), 6u) << pair;
+    int probes = 0;
+    for (const auto& r : rows) probes += r["probed"].get<bool>() ? 1 : 0;
+    EXPECT_GE(probes, 1) << pair;
+    EXPECT_LE(probes, 4) << pair;
+    EXPECT_TRUE(rows[0]["probed"].get<bool>()) << pair;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (!rows[i]["skipped"].get<bool>()) continue;
+      ++skipped;
+      EXPECT_FALSE(rows[i]["probed"].get<bool>());
+      EXPECT_FALSE(rows[i]["fits"].get<bool>());
+      bool dominated = false;
+      for (size_t j = i + 1; j < rows.size(); ++j)
+        dominated |= rows[j]["fits"].get<bool>() && rows[j]["predicted_samples_per_s"].get<double>() >=
+                                                        rows[i]["predicted_samples_per_s"].get<double>();
+      EXPECT_TRUE(dominated) << pair << " micro-batch " << rows[i]["micro_batch"];
+    }
+  }
+  EXPECT_GT(skipped, 0);
   const auto ev = events(out, "plan");
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0]["micro_batch"], c["micro_batch"]);

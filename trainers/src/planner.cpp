@@ -251,7 +251,6 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
       fit.policy = policy;
       std::vector<double> xs, peaks, times, updates;
       const size_t first_row = plan.rows.size();
-      bool pruned = false;
       if (slow_precisions.count(precision) > 0) {
         // A later policy recomputes more: at micro-batch 1 it is slower still.
         fit.slow = true;
@@ -263,6 +262,10 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
         plan.fits.push_back(fit);
         continue;
       }
+      for (const int64_t m : micros) plan.rows.push_back(make_row(precision, policy, m, per_rank));
+      std::vector<char> rows_done(micros.size(), 0);
+      size_t bound = micros.size();  // micros[bound..] ran out of memory or exceeded the limit
+      int largest_fit = -1;          // the largest index measured under the limit
       try {
         torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
         auto model = models::build_model(cfg.model);
@@ -270,61 +273,73 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
         model->train();
         models::apply_checkpoint_policy(*model, models::CheckpointPolicy::parse(policy));
         auto optimizer = make_optimizer(t, *model);
-        for (const int64_t m : micros) {
-          PlanRow row = make_row(precision, policy, m, per_rank);
-          // Prune: stop growing once a probe ran out of memory or the model predicts more
-          // than the budget (one point is enough: its line goes through the fixed part).
-          if (!pruned && !xs.empty()) {
-            const auto [a, b] = fit_line(xs, peaks, static_cast<double>(plan.fixed_minimum));
-            if (a + b * static_cast<double>(m) + static_cast<double>(comm_bytes) > static_cast<double>(opt.budget))
-              pruned = true;
-          }
-          if (fit.slow) {
-            row.slow = true;
-          } else if (!pruned) {
-            try {
-              const bool first = m == micros.front();
-              const double slow_above = first && opt.slow_factor > 0 && fastest_warmup > 0
-                                            ? std::max(opt.slow_factor * fastest_warmup, opt.slow_min_s)
-                                            : 0;
-              const Probe p = run_probe(*model, *optimizer, *data.train, precision, device, m, opt.measure_steps, meter,
-                                        slow_above, delay);
-              if (first) fit.warmup_forward_s = p.warmup_forward_s;
-              if (p.slow) {
-                fit.slow = true;
-                row.slow = true;
-                slow_precisions.insert(precision);
-                log::info("planner: " + precision + "/" + policy + " is slow: warm-up forward " +
-                          fmt(p.warmup_forward_s, "%.3g") + " s/sample > " + fmt(opt.slow_factor, "%g") + " x " +
-                          fmt(fastest_warmup, "%.3g") + " s/sample; not probed further (Note [Slow candidates])");
-                plan.rows.push_back(row);
-                continue;
-              }
-              if (first && (fastest_warmup < 0 || p.warmup_forward_s < fastest_warmup))
-                fastest_warmup = p.warmup_forward_s;
-              row.probed = true;
-              row.measured_peak = p.peak + comm_bytes;
-              row.measured_sps = static_cast<double>(t.global_batch) /
-                                 (static_cast<double>(row.accumulation) * p.micro_s + p.update_s);
-              xs.push_back(static_cast<double>(m));
-              peaks.push_back(static_cast<double>(p.peak));
-              times.push_back(p.micro_s);
-              updates.push_back(p.update_s);
-            } catch (const c10::OutOfMemoryError&) {
-              row.oom = true;
-              pruned = true;
-              optimizer->zero_grad(/*set_to_none=*/true);
+        // Note [Probe order]: micro-batch 1 first, then always the largest micro-batch the
+        // memory model (refitted after every probe) predicts under the limit, above the
+        // largest one measured to fit and below the smallest one that did not. The time model
+        // makes throughput grow with the micro-batch (samples/s = G / (P a / m + P b + u),
+        // a >= 0), so of a pair only its largest fitting micro-batch can be chosen; the ones
+        // between are predicted, not probed (`skipped`). A pair costs 2-3 probes, not one per
+        // micro-batch.
+        auto next_probe = [&]() -> int {
+          if (xs.empty() && !rows_done[0]) return 0;
+          const auto [a, b] = fit_line(xs, peaks, static_cast<double>(plan.fixed_minimum));
+          for (int i = static_cast<int>(bound) - 1; i > largest_fit; --i)
+            if (!rows_done[static_cast<size_t>(i)] &&
+                a + b * static_cast<double>(micros[static_cast<size_t>(i)]) + static_cast<double>(comm_bytes) <=
+                    static_cast<double>(plan.limit))
+              return i;
+          return -1;
+        };
+        for (int i = next_probe(); i >= 0 && !fit.slow; i = next_probe()) {
+          const auto k = static_cast<size_t>(i);
+          const int64_t m = micros[k];
+          PlanRow& row = plan.rows[first_row + k];
+          rows_done[k] = 1;
+          try {
+            const bool first = k == 0;
+            const double slow_above = first && opt.slow_factor > 0 && fastest_warmup > 0
+                                          ? std::max(opt.slow_factor * fastest_warmup, opt.slow_min_s)
+                                          : 0;
+            const Probe p = run_probe(*model, *optimizer, *data.train, precision, device, m, opt.measure_steps, meter,
+                                      slow_above, delay);
+            if (first) fit.warmup_forward_s = p.warmup_forward_s;
+            if (p.slow) {
+              fit.slow = true;
+              slow_precisions.insert(precision);
+              log::info("planner: " + precision + "/" + policy + " is slow: warm-up forward " +
+                        fmt(p.warmup_forward_s, "%.3g") + " s/sample > " + fmt(opt.slow_factor, "%g") + " x " +
+                        fmt(fastest_warmup, "%.3g") + " s/sample; not probed further (Note [Slow candidates])");
+              break;
             }
+            if (first && (fastest_warmup < 0 || p.warmup_forward_s < fastest_warmup))
+              fastest_warmup = p.warmup_forward_s;
+            row.probed = true;
+            row.measured_peak = p.peak + comm_bytes;
+            row.measured_sps = static_cast<double>(t.global_batch) /
+                               (static_cast<double>(row.accumulation) * p.micro_s + p.update_s);
+            xs.push_back(static_cast<double>(m));
+            peaks.push_back(static_cast<double>(p.peak));
+            times.push_back(p.micro_s);
+            updates.push_back(p.update_s);
+            if (row.measured_peak <= plan.limit) largest_fit = std::max(largest_fit, i);
+            else bound = std::min(bound, k);
+          } catch (const c10::OutOfMemoryError&) {
+            row.oom = true;
+            bound = std::min(bound, k);
+            optimizer->zero_grad(/*set_to_none=*/true);
           }
-          plan.rows.push_back(row);
         }
       } catch (const c10::OutOfMemoryError&) {
         // The model and its optimizer state alone did not fit: every row of this pair is out.
-        for (size_t i = plan.rows.size(); i < first_row + micros.size(); ++i) {
-          PlanRow row = make_row(precision, policy, micros[i - first_row], per_rank);
-          row.oom = true;
-          plan.rows.push_back(row);
-        }
+        for (size_t k = 0; k < micros.size(); ++k)
+          if (!plan.rows[first_row + k].probed) plan.rows[first_row + k].oom = true;
+      }
+      for (size_t k = 0; k < micros.size(); ++k) {
+        auto& row = plan.rows[first_row + k];
+        if (fit.slow) row.slow = true;
+        // Below a micro-batch measured to fit: dominated by it (Note [Probe order]).
+        else if (!row.probed && !row.oom && static_cast<int>(k) < largest_fit)
+          row.skipped = true;
       }
       fit.points = static_cast<int>(xs.size());
       if (!xs.empty()) {
@@ -435,7 +450,7 @@ std::string plan_table(const Plan& plan) {
     const auto& r = plan.rows[i];
     const std::string pred = r.predicted_peak >= 0 ? format_bytes(r.predicted_peak) : "-";
     const std::string meas =
-        r.probed ? format_bytes(r.measured_peak) : (r.oom ? "OOM" : (r.slow ? "slow" : "pruned"));
+        r.probed ? format_bytes(r.measured_peak) : (r.oom ? "OOM" : (r.slow ? "slow" : (r.skipped ? "skipped" : "pruned")));
     const std::string psps = r.predicted_sps > 0 ? fmt(r.predicted_sps, "%.1f") : "-";
     const std::string msps = r.measured_sps > 0 ? fmt(r.measured_sps, "%.1f") : "-";
     const std::string mark = static_cast<int>(i) == plan.chosen ? "<- chosen" : (r.fits ? "fits" : "");
@@ -501,6 +516,7 @@ std::string plan_to_json(const Plan& plan) {
                           {"micro_batch", r.micro_batch},     {"accumulation", r.accumulation},
                           {"probed", r.probed},               {"oom", r.oom},
                           {"slow", r.slow},
+                          {"skipped", r.skipped},
                           {"measured_peak_bytes", r.measured_peak}, {"predicted_peak_bytes", r.predicted_peak},
                           {"measured_samples_per_s", r.measured_sps}, {"predicted_samples_per_s", r.predicted_sps},
                           {"fits", r.fits}};

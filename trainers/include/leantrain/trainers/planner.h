@@ -41,6 +41,7 @@ struct PlanRow {
   bool probed = false;           // measured
   bool oom = false;              // its probe ran out of memory under the budget
   bool slow = false;             // not probed: its (precision, policy) was found slow
+  bool skipped = false;          // not probed: a larger micro-batch of its pair fits (Note [Probe order])
   int64_t measured_peak = -1;    // bytes; -1 when not measured
   int64_t predicted_peak = -1;   // bytes; -1 when the model has no fit
   double measured_sps = -1;      // samples/s of a whole step (accumulation micro-steps + update)
