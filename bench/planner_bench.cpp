@@ -6,8 +6,11 @@
 //
 //   build/bin/leantrain_bench_planner [--models gpt12,gpt24,resnet50] [--budgets 1GiB,2GiB,4GiB]
 //       [--skip gpt24@4GiB] [--steps 1] [--warmup 1] [--seq 512] [--image 224]
-//       [--gpt-batch 2] [--resnet-batch 16] [--gpt-sweep-precisions fp32]
+//       [--gpt-batch 2] [--resnet-batch 16] [--gpt-sweep-precisions fp32,bf16]
 //       [--resnet-sweep-precisions fp32,bf16] [--margin 0.1] [--out FILE.md] [--work DIR]
+//
+// The GPT sweep covers bf16 on a GPU or a CPU with bf16 instructions (AVX-512 BF16 or AMX),
+// fp32 only elsewhere (cpu_info()); --gpt-sweep-precisions overrides.
 //
 // Every measurement is a real training run (trainers::run_training, the path of `leantrain
 // train`): `--warmup` steps, then `--steps` timed optimizer steps of the global batch; its
@@ -80,6 +83,42 @@ std::string fmt(const char* f, double v) {
 
 std::string gib(int64_t bytes) { return bytes < 0 ? "-" : fmt("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
 
+// The CPU's model name and its bf16 instructions (AVX-512 BF16, AMX): without them bf16
+// matmuls take a reference path 10-20x slower than fp32 (Note [Slow candidates]), and a
+// GPT-sized bf16 sweep would take hours; with them bf16 is the fast precision.
+struct CpuInfo {
+  std::string model = "unknown CPU";
+  std::vector<std::string> bf16;
+};
+
+CpuInfo cpu_info() {
+  CpuInfo c;
+  std::ifstream in("/proc/cpuinfo");
+  bool flags_seen = false;
+  for (std::string line; std::getline(in, line);) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "model name" && c.model == "unknown CPU") c.model = value;
+    if (key == "flags" && !flags_seen) {
+      flags_seen = true;
+      std::istringstream f(value);
+      for (std::string flag; f >> flag;)
+        if (flag == "avx512_bf16" || flag == "amx_bf16") c.bf16.push_back(flag);
+    }
+  }
+  return c;
+}
+
+std::string cpu_text(const CpuInfo& c) {
+  std::string b;
+  for (const auto& f : c.bf16) b += (b.empty() ? "" : " + ") + f;
+  return c.model + ", " + std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores, bf16 instructions: " +
+         (b.empty() ? "none" : b);
+}
+
 struct ModelSpec {
   std::string name, toml;
   int64_t global_batch = 0;
@@ -94,8 +133,9 @@ ModelSpec model_spec(const std::string& name, const Options& o, bool cuda) {
     m.name = "GPT-" + std::to_string(layers) + "L d768 seq " + std::to_string(o.seq);
     m.global_batch = o.gpt_batch;
     m.sweep_precisions = !o.gpt_precisions.empty() ? o.gpt_precisions
-                                                   : (cuda ? std::vector<std::string>{"fp32", "bf16"}
-                                                           : std::vector<std::string>{"fp32"});
+                                                   : (cuda || !cpu_info().bf16.empty()
+                                                          ? std::vector<std::string>{"fp32", "bf16"}
+                                                          : std::vector<std::string>{"fp32"});
     t << "[model]\nkind = \"gpt\"\nvocab_size = 50257\nseq_len = " << o.seq << "\nn_layer = " << layers
       << "\nn_head = 12\nd_model = 768\ndropout = 0.1\n";
   } else if (name == "resnet50") {
@@ -409,7 +449,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   lt::files::remove_tree(o.work);
-  const std::string md = bench.report() + fmt("\nTotal bench time: %.0f s.\n", std::chrono::duration<double>(Clock::now() - t0).count());
+  const std::string md = bench.report() + fmt("\nTotal bench time: %.0f s", std::chrono::duration<double>(Clock::now() - t0).count()) +
+                         ", on " + cpu_text(cpu_info()) + ".\n";
   std::cout << md;
   if (!o.out.empty()) lt::files::write_atomic(o.out, md);
   return 0;

@@ -467,6 +467,23 @@ def main(argv) -> int:
     return 0
 
 
+def cpu_label() -> str:
+    """The CPU's model name and whether it has bf16 instructions (AVX-512 BF16 / AMX): bf16
+    rows compare very differently with and without them, and a machine kind may change."""
+    model, flags = "unknown CPU", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown CPU":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    return f"{model}, {os.cpu_count()} cores, bf16 instructions: {' + '.join(bf16) if bf16 else 'none'}"
+
+
 def write_doc(path: str, md: str, args, wall: float, rows: List[dict]) -> None:
     """The generated part of docs/BENCH_PEERS.md, between the two markers (the prose around it
     is kept); a new file gets just the markers and the table."""
@@ -474,7 +491,8 @@ def write_doc(path: str, md: str, args, wall: float, rows: List[dict]) -> None:
     load = os.getloadavg()
     body = (f"{begin}\nMeasured at commit `{commit_label()}`, `--scale {args.scale}`, "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {wall:.0f} s wall, load average at the end "
-            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, {len(rows)} rows x {2 * args.repeats} runs.\n\n{md}{end}")
+            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, {len(rows)} rows x {2 * args.repeats} runs, "
+            f"on {cpu_label()}.\n\n{md}{end}")
     text = open(path).read() if os.path.exists(path) else ""
     if begin in text and end in text:
         text = text[:text.index(begin)] + body + text[text.index(end) + len(end):]
