@@ -131,6 +131,48 @@ TEST_F(Planner, ChosenPlanKeepsA30StepRunUnderTheBudget) {
   for (const auto& s : events(dir_ / "run", "step")) EXPECT_EQ(s["micro_batch"], c["micro_batch"]);
 }
 
+// Note [Planner probe]: at one rank without accumulation the training step frees the
+// gradients before its only forward; that candidate's probe measures that step's peak (below
+// the worst-position line by up to the gradients), and when it fits every smaller
+// micro-batch of its pair is skipped.
+TEST_F(Planner, OneRankWithoutAccumulationIsProbedAsItTrains) {
+  auto step_peak = [&](const std::string& name, int64_t global) {
+    const auto out = dir_ / name;
+    auto r = run("train --config " + config(3) + " --set train.global_batch=" + std::to_string(global) + " --out " +
+                 out.string());
+    EXPECT_EQ(r.code, 0) << r.err;
+    int64_t peak = 0;
+    for (const auto& s : events(out, "step")) peak = std::max(peak, s["peak_mem_bytes"].get<int64_t>());
+    return peak;
+  };
+  const int64_t alone = step_peak("a1", 8);        // micro-batch 8, accumulation 1
+  const int64_t accumulating = step_peak("a2", 16);  // micro-batch 8, accumulation 2
+  ASSERT_LT(alone, accumulating);
+  const auto out = dir_ / "plan";
+  auto r = run("plan --config " + config(3) + " --memory-budget 1GiB --global-batch 8 --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto plan = nlohmann::json::parse(slurp(out / "plan.json"));
+  int rows = 0;
+  for (const auto& row : plan["candidates"]) {
+    if (row["precision"] != "fp32") continue;
+    const std::string what = row["activation_checkpoint"].get<std::string>() + " micro " + row["micro_batch"].dump();
+    if (row["micro_batch"] == 8) {
+      ++rows;
+      ASSERT_TRUE(row["probed"].get<bool>()) << what;
+      EXPECT_TRUE(row["fits"].get<bool>()) << what;
+      EXPECT_EQ(row["predicted_peak_bytes"], row["measured_peak_bytes"]) << what;
+      if (row["activation_checkpoint"] == "none") {
+        const auto probe = row["measured_peak_bytes"].get<int64_t>();
+        EXPECT_NEAR(static_cast<double>(probe), static_cast<double>(alone), 0.05 * static_cast<double>(alone)) << what;
+        EXPECT_LT(probe, accumulating) << what;
+      }
+    } else if (row["micro_batch"] != 1) {
+      EXPECT_TRUE(row["skipped"].get<bool>()) << what;
+    }
+  }
+  EXPECT_EQ(rows, 3);
+}
+
 TEST_F(Planner, TrainAutoPlansThenTrainsWithTheChoiceUnderTheBudget) {
   const int64_t budget = peak_of_micro8() * 4 / 5;
   const auto out = dir_ / "run";

@@ -81,6 +81,11 @@ void sync(const torch::Device& device) {
 // one micro-batch (and any tensor a data set holds, as in training). One warm-up
 // micro-step first (allocates the optimizer state, warms the allocator and lazy
 // initialisation), then measure_steps timed ones under a fresh peak.
+// `free_grads`: the candidate of one rank without accumulation, whose training step frees the
+// gradients before its only forward (zero_grad(set_to_none) at the step's start; Note
+// [Gradients stay in the buckets] in trainer.cpp): the probe frees them after each update,
+// so its peak is that step's, lower than the worst-position peak by up to the gradients
+// (GPT-12L seq 512, full checkpointing: 2.00 GiB at 2x1 vs 2.30 GiB at 1x2).
 // Note [Slow candidates]: a probe costs a few micro-steps, which is nothing where a sample
 // takes milliseconds and minutes where a precision runs a slow kernel path: bf16 matmuls on a
 // CPU without AVX-512 BF16 go through a reference GEMM 10-20x slower than fp32 (GPT-2 small,
@@ -102,7 +107,7 @@ void sync(const torch::Device& device) {
 // before its backward and returns `slow` (Note [Slow candidates]).
 Probe run_probe(models::Model& model, torch::optim::Optimizer& optimizer, const data::Dataset& train,
                 const std::string& precision, const torch::Device& device, int64_t micro, int64_t steps,
-                MemoryMeter& meter, double slow_above_s, const ProbeDelay& delay) {
+                MemoryMeter& meter, double slow_above_s, const ProbeDelay& delay, bool free_grads) {
   std::vector<int64_t> idx;
   for (int64_t i = 0; i < micro; ++i) idx.push_back(i % train.size());
   Probe p;
@@ -132,7 +137,7 @@ Probe run_probe(models::Model& model, torch::optim::Optimizer& optimizer, const 
     sync(device);
     const auto t1 = Clock::now();
     optimizer.step();
-    optimizer.zero_grad(/*set_to_none=*/false);
+    optimizer.zero_grad(/*set_to_none=*/free_grads);
     sync(device);
     const auto t2 = Clock::now();
     if (timed) {
@@ -249,7 +254,8 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
       PlanFit fit;
       fit.precision = precision;
       fit.policy = policy;
-      std::vector<double> xs, peaks, times, updates;
+      std::vector<double> xs, times, updates;  // every probe: the time model
+      std::vector<double> line_xs, peaks;      // the probes on the memory line (not `solo`)
       const size_t first_row = plan.rows.size();
       if (slow_precisions.count(precision) > 0) {
         // A later policy recomputes more: at micro-batch 1 it is slower still.
@@ -266,6 +272,10 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
       std::vector<char> rows_done(micros.size(), 0);
       size_t bound = micros.size();  // micros[bound..] ran out of memory or exceeded the limit
       int largest_fit = -1;          // the largest index measured under the limit
+      // One rank, accumulation 1: the gradients are not held during the forward, so that
+      // candidate is off the memory line (Note [Planner probe]); probed on its own, second.
+      const size_t last = micros.size() - 1;
+      const bool solo = world_size == 1 && micros[last] == per_rank;
       try {
         torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
         auto model = models::build_model(cfg.model);
@@ -279,11 +289,14 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
         // makes throughput grow with the micro-batch (samples/s = G / (P a / m + P b + u),
         // a >= 0), so of a pair only its largest fitting micro-batch can be chosen; the ones
         // between are predicted, not probed (`skipped`). A pair costs 2-3 probes, not one per
-        // micro-batch.
+        // micro-batch. At one rank the accumulation-1 candidate (micro-batch = the batch) is
+        // probed second, on its own: its peak is below the line (Note [Planner probe]), so it can
+        // fit where micro-batch 1 did not; when it fits, every smaller one is skipped.
         auto next_probe = [&]() -> int {
-          if (xs.empty() && !rows_done[0]) return 0;
-          const auto [a, b] = fit_line(xs, peaks, static_cast<double>(plan.fixed_minimum));
-          for (int i = static_cast<int>(bound) - 1; i > largest_fit; --i)
+          if (!rows_done[0]) return 0;
+          if (solo && !rows_done[last]) return static_cast<int>(last);
+          const auto [a, b] = fit_line(line_xs, peaks, static_cast<double>(plan.fixed_minimum));
+          for (int i = static_cast<int>(std::min(bound, solo ? last : micros.size())) - 1; i > largest_fit; --i)
             if (!rows_done[static_cast<size_t>(i)] &&
                 a + b * static_cast<double>(micros[static_cast<size_t>(i)]) + static_cast<double>(comm_bytes) <=
                     static_cast<double>(plan.limit))
@@ -300,8 +313,9 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
             const double slow_above = first && opt.slow_factor > 0 && fastest_warmup > 0
                                           ? std::max(opt.slow_factor * fastest_warmup, opt.slow_min_s)
                                           : 0;
+            const bool off_line = solo && k == last;
             const Probe p = run_probe(*model, *optimizer, *data.train, precision, device, m, opt.measure_steps, meter,
-                                      slow_above, delay);
+                                      slow_above, delay, off_line);
             if (first) fit.warmup_forward_s = p.warmup_forward_s;
             if (p.slow) {
               fit.slow = true;
@@ -318,14 +332,14 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
             row.measured_sps = static_cast<double>(t.global_batch) /
                                (static_cast<double>(row.accumulation) * p.micro_s + p.update_s);
             xs.push_back(static_cast<double>(m));
-            peaks.push_back(static_cast<double>(p.peak));
+            if (!off_line) line_xs.push_back(static_cast<double>(m)), peaks.push_back(static_cast<double>(p.peak));
             times.push_back(p.micro_s);
             updates.push_back(p.update_s);
             if (row.measured_peak <= plan.limit) largest_fit = std::max(largest_fit, i);
-            else bound = std::min(bound, k);
+            else if (!off_line) bound = std::min(bound, k);
           } catch (const c10::OutOfMemoryError&) {
             row.oom = true;
-            bound = std::min(bound, k);
+            if (!(solo && k == last)) bound = std::min(bound, k);
             optimizer->zero_grad(/*set_to_none=*/true);
           }
         }
@@ -343,7 +357,12 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
       }
       fit.points = static_cast<int>(xs.size());
       if (!xs.empty()) {
-        const auto [a, b] = fit_line(xs, peaks, static_cast<double>(plan.fixed_minimum));
+        // A lone accumulation-1 probe (a batch of 1) still gives the line its one point.
+        const bool only_solo = line_xs.empty();
+        const auto [a, b] = only_solo ? fit_line(xs, {static_cast<double>(plan.rows[first_row + last].measured_peak -
+                                                                            comm_bytes)},
+                                                 static_cast<double>(plan.fixed_minimum))
+                                      : fit_line(line_xs, peaks, static_cast<double>(plan.fixed_minimum));
         fit.fixed_bytes = a + static_cast<double>(comm_bytes);
         fit.per_sample_bytes = b;
         const auto [ta, tb] = fit_line(xs, times, 0.0);
@@ -356,6 +375,8 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
           auto& row = plan.rows[i];
           const double m = static_cast<double>(row.micro_batch);
           row.predicted_peak = static_cast<int64_t>(std::ceil(fit.fixed_bytes + fit.per_sample_bytes * m));
+          // Off the line: its own measurement is its prediction (Note [Planner probe]).
+          if (solo && i == first_row + last && row.probed) row.predicted_peak = row.measured_peak;
           const double micro_s = std::max(1e-9, fit.micro_fixed_s + fit.micro_per_sample_s * m);
           row.predicted_sps = static_cast<double>(t.global_batch) /
                               (static_cast<double>(row.accumulation) * micro_s + fit.update_s);
