@@ -95,25 +95,29 @@ struct CpuInfo {
   std::vector<std::string> bf16;
 };
 
-CpuInfo cpu_info() {
-  CpuInfo c;
-  std::ifstream in("/proc/cpuinfo");
-  bool flags_seen = false;
-  for (std::string line; std::getline(in, line);) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string key = line.substr(0, colon);
-    key.erase(key.find_last_not_of(" \t") + 1);
-    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
-    if (key == "model name" && c.model == "unknown CPU") c.model = value;
-    if (key == "flags" && !flags_seen) {
-      flags_seen = true;
-      std::istringstream f(value);
-      for (std::string flag; f >> flag;)
-        if (flag == "avx512_bf16" || flag == "amx_bf16") c.bf16.push_back(flag);
+// Read once: /proc/cpuinfo does not change during a run.
+const CpuInfo& cpu_info() {
+  static const CpuInfo info = [] {
+    CpuInfo c;
+    std::ifstream in("/proc/cpuinfo");
+    bool flags_seen = false;
+    for (std::string line; std::getline(in, line);) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string key = line.substr(0, colon);
+      key.erase(key.find_last_not_of(" \t") + 1);
+      const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+      if (key == "model name" && c.model == "unknown CPU") c.model = value;
+      if (key == "flags" && !flags_seen) {
+        flags_seen = true;
+        std::istringstream f(value);
+        for (std::string flag; f >> flag;)
+          if (flag == "avx512_bf16" || flag == "amx_bf16") c.bf16.push_back(flag);
+      }
     }
-  }
-  return c;
+    return c;
+  }();
+  return info;
 }
 
 std::string cpu_text(const CpuInfo& c) {

@@ -269,13 +269,14 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
         continue;
       }
       for (const int64_t m : micros) plan.rows.push_back(make_row(precision, policy, m, per_rank));
-      std::vector<char> rows_done(micros.size(), 0);
       size_t bound = micros.size();  // micros[bound..] ran out of memory or exceeded the limit
       int largest_fit = -1;          // the largest index measured under the limit
       // One rank, accumulation 1: the gradients are not held during the forward, so that
       // candidate is off the memory line (Note [Planner probe]); probed on its own, second.
       const size_t last = micros.size() - 1;
       const bool solo = world_size == 1 && micros[last] == per_rank;
+      double solo_peak = -1;  // its probe's peak (without the buckets)
+      auto tried = [&](size_t k) { return plan.rows[first_row + k].probed || plan.rows[first_row + k].oom; };
       try {
         torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
         auto model = models::build_model(cfg.model);
@@ -293,11 +294,11 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
         // probed second, on its own: its peak is below the line (Note [Planner probe]), so it can
         // fit where micro-batch 1 did not; when it fits, every smaller one is skipped.
         auto next_probe = [&]() -> int {
-          if (!rows_done[0]) return 0;
-          if (solo && !rows_done[last]) return static_cast<int>(last);
+          if (!tried(0)) return 0;
+          if (solo && !tried(last)) return static_cast<int>(last);
           const auto [a, b] = fit_line(line_xs, peaks, static_cast<double>(plan.fixed_minimum));
           for (int i = static_cast<int>(std::min(bound, solo ? last : micros.size())) - 1; i > largest_fit; --i)
-            if (!rows_done[static_cast<size_t>(i)] &&
+            if (!tried(static_cast<size_t>(i)) &&
                 a + b * static_cast<double>(micros[static_cast<size_t>(i)]) + static_cast<double>(comm_bytes) <=
                     static_cast<double>(plan.limit))
               return i;
@@ -307,13 +308,12 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
           const auto k = static_cast<size_t>(i);
           const int64_t m = micros[k];
           PlanRow& row = plan.rows[first_row + k];
-          rows_done[k] = 1;
+          const bool off_line = solo && k == last;
           try {
             const bool first = k == 0;
             const double slow_above = first && opt.slow_factor > 0 && fastest_warmup > 0
                                           ? std::max(opt.slow_factor * fastest_warmup, opt.slow_min_s)
                                           : 0;
-            const bool off_line = solo && k == last;
             const Probe p = run_probe(*model, *optimizer, *data.train, precision, device, m, opt.measure_steps, meter,
                                       slow_above, delay, off_line);
             if (first) fit.warmup_forward_s = p.warmup_forward_s;
@@ -332,14 +332,15 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
             row.measured_sps = static_cast<double>(t.global_batch) /
                                (static_cast<double>(row.accumulation) * p.micro_s + p.update_s);
             xs.push_back(static_cast<double>(m));
-            if (!off_line) line_xs.push_back(static_cast<double>(m)), peaks.push_back(static_cast<double>(p.peak));
+            if (off_line) solo_peak = static_cast<double>(p.peak);
+            else line_xs.push_back(static_cast<double>(m)), peaks.push_back(static_cast<double>(p.peak));
             times.push_back(p.micro_s);
             updates.push_back(p.update_s);
             if (row.measured_peak <= plan.limit) largest_fit = std::max(largest_fit, i);
             else if (!off_line) bound = std::min(bound, k);
           } catch (const c10::OutOfMemoryError&) {
             row.oom = true;
-            if (!(solo && k == last)) bound = std::min(bound, k);
+            if (!off_line) bound = std::min(bound, k);
             optimizer->zero_grad(/*set_to_none=*/true);
           }
         }
@@ -358,11 +359,8 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
       fit.points = static_cast<int>(xs.size());
       if (!xs.empty()) {
         // A lone accumulation-1 probe (a batch of 1) still gives the line its one point.
-        const bool only_solo = line_xs.empty();
-        const auto [a, b] = only_solo ? fit_line(xs, {static_cast<double>(plan.rows[first_row + last].measured_peak -
-                                                                            comm_bytes)},
-                                                 static_cast<double>(plan.fixed_minimum))
-                                      : fit_line(line_xs, peaks, static_cast<double>(plan.fixed_minimum));
+        const auto [a, b] = line_xs.empty() ? fit_line(xs, {solo_peak}, static_cast<double>(plan.fixed_minimum))
+                                            : fit_line(line_xs, peaks, static_cast<double>(plan.fixed_minimum));
         fit.fixed_bytes = a + static_cast<double>(comm_bytes);
         fit.per_sample_bytes = b;
         const auto [ta, tb] = fit_line(xs, times, 0.0);
