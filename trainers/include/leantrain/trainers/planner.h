@@ -41,7 +41,8 @@ struct PlanRow {
   bool probed = false;           // measured
   bool oom = false;              // its probe ran out of memory under the budget
   bool slow = false;             // not probed: its (precision, policy) was found slow
-  bool skipped = false;          // not probed: a larger micro-batch of its pair fits (Note [Probe order])
+  bool skipped = false;          // not probed: dominated by a probed candidate that fits (Note [Probe order],
+                                 // Note [Recomputation is dominated])
   int64_t measured_peak = -1;    // bytes; -1 when not measured
   int64_t predicted_peak = -1;   // bytes; -1 when the model has no fit
   double measured_sps = -1;      // samples/s of a whole step (accumulation micro-steps + update)
@@ -60,6 +61,10 @@ struct PlanFit {
   // when it was over slow_factor x the fastest one before it (Note [Slow candidates]).
   double warmup_forward_s = -1;
   bool slow = false;
+  // Not probed: `none` of the same precision fits at the whole per-rank batch, and a
+  // checkpointing policy at the same micro-batch only adds recomputation (Note
+  // [Recomputation is dominated]).
+  bool dominated = false;
 };
 
 struct Plan {
