@@ -8,6 +8,7 @@
 
 #include "leantrain/models/bert.h"
 #include "leantrain/models/gpt.h"
+#include "leantrain/models/lm_loss.h"
 #include "leantrain/models/mlp.h"
 #include "leantrain/models/resnet.h"
 #include "leantrain/runtime/errors.h"
@@ -129,7 +130,12 @@ torch::Tensor Model::forward_loss(const torch::Tensor& input, const torch::Tenso
 int64_t Model::loss_chunk_tokens(int64_t vocab) const {
   if (loss_chunk_tokens_ == 0 || !is_training() || !torch::GradMode::is_enabled()) return 0;
   if (loss_chunk_tokens_ > 0) return loss_chunk_tokens_;
-  return std::max<int64_t>(64, (int64_t{64} << 20) / (4 * vocab));
+  return lm_loss_chunk_tokens(vocab);
+}
+
+int64_t Model::fused_loss_chunk_tokens(int64_t vocab, c10::DeviceType device) const {
+  if (!fused_loss_ || !is_training() || !fused_lm_loss_applies(device)) return 0;
+  return loss_chunk_tokens_ > 0 ? loss_chunk_tokens_ : lm_loss_chunk_tokens(vocab);
 }
 
 torch::Tensor compute_loss(Task task, const torch::Tensor& logits, const torch::Tensor& target) {

@@ -8,6 +8,7 @@
 #include "leantrain/models/bert.h"
 #include "leantrain/models/activation_checkpoint.h"
 #include "leantrain/models/gpt.h"
+#include "leantrain/models/lm_loss.h"
 
 namespace lt::models {
 
@@ -133,6 +134,8 @@ torch::Tensor GPT::forward(const torch::Tensor& input) {
 }
 
 torch::Tensor GPT::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
+  if (const int64_t fused = fused_loss_chunk_tokens(wte->weight.size(0), input.device().type()))
+    return fused_linear_cross_entropy(hidden(input), wte->weight, torch::Tensor(), target, fused);
   const int64_t chunk = loss_chunk_tokens(wte->weight.size(0));
   if (chunk == 0) return Model::forward_loss(input, target);
   auto w = wte->weight;
@@ -163,9 +166,10 @@ MLMHeadImpl::MLMHeadImpl(int64_t d_model, int64_t vocab_size) {
   bias = register_parameter("bias", torch::zeros({vocab_size}));
 }
 
+torch::Tensor MLMHeadImpl::transform(const torch::Tensor& x) { return ln(torch::gelu(dense(x))); }
+
 torch::Tensor MLMHeadImpl::forward(const torch::Tensor& x, const torch::Tensor& decoder_weight) {
-  auto h = ln(torch::gelu(dense(x)));
-  return torch::linear(h, decoder_weight, bias);
+  return torch::linear(transform(x), decoder_weight, bias);
 }
 
 Bert::Bert(const lt::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dropout) {
@@ -194,6 +198,14 @@ torch::Tensor Bert::hidden(const torch::Tensor& input) {
 torch::Tensor Bert::forward(const torch::Tensor& input) { return mlm->forward(hidden(input), tok_emb->weight); }
 
 torch::Tensor Bert::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
+  if (const int64_t fused = fused_loss_chunk_tokens(tok_emb->weight.size(0), input.device().type())) {
+    // Only the masked tokens reach the head (Note [Fused LM loss]): its transform too.
+    auto h = hidden(input);
+    const auto t = target.reshape({-1});
+    const auto rows = (t != kIgnoreIndex).nonzero().squeeze(1);
+    const auto hv = h.reshape({-1, h.size(-1)}).index_select(0, rows);
+    return fused_linear_cross_entropy(mlm->transform(hv), tok_emb->weight, mlm->bias, t.index_select(0, rows), fused);
+  }
   const int64_t chunk = loss_chunk_tokens(tok_emb->weight.size(0));
   if (chunk == 0) return Model::forward_loss(input, target);
   auto params = mlm->parameters();

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/models/lm_loss.h"
 #include "leantrain/models/model.h"
 #include "leantrain/models/resnet.h"
 #include "leantrain/runtime/errors.h"
@@ -277,32 +278,83 @@ TEST(Checkpoint, RerunClearsTheCastCacheAndAFailedRerunRestoresTheCallersState) 
   }
 }
 
-// The chunked head + loss equals the plain loss and gradients (up to summation order).
-TEST(Checkpoint, ChunkedLmLossMatchesPlainLoss) {
-  for (const char* kind : {"gpt", "bert"}) {
-    SCOPED_TRACE(kind);
-    auto c = tiny(kind);
-    c.dropout = 0.0;
-    auto [x, y] = batch_for(c);
-    auto grads_for = [&](int64_t chunk, double& loss) {
-      torch::manual_seed(1);
-      auto model = lt::models::build_model(c);
-      model->train();
-      model->set_loss_chunk_tokens(chunk);
-      auto l = model->forward_loss(x, y);
-      l.backward();
-      loss = l.item<double>();
-      std::vector<torch::Tensor> g;
-      for (auto& p : model->parameters()) g.push_back(p.grad().clone());
-      return g;
-    };
-    double plain_loss = 0, chunk_loss = 0;
-    auto plain = grads_for(0, plain_loss);
-    auto chunked = grads_for(7, chunk_loss);  // 48 tokens in 7 chunks, the last one short
-    EXPECT_NEAR(chunk_loss, plain_loss, 1e-6 * plain_loss);
-    for (size_t i = 0; i < plain.size(); ++i)
-      EXPECT_TRUE(torch::allclose(plain[i], chunked[i], 1e-4, 1e-6)) << i;
+// The head + loss, chunked (checkpointed chunks) or fused (Note [Fused LM loss]), equals the
+// plain loss and gradients (up to summation order) in fp32, and within bf16 tolerance of the
+// plain bf16 loss under autocast; BERT's ignored targets are left out of the mean alike.
+TEST(Checkpoint, FusedAndChunkedLmLossMatchPlainLoss) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    for (const char* kind : {"gpt", "bert"}) {
+      SCOPED_TRACE(std::string(kind) + " " + precision);
+      const bool bf16 = std::string(precision) == "bf16";
+      auto c = tiny(kind);
+      c.dropout = 0.0;
+      auto [x, y] = batch_for(c);
+      if (std::string(kind) == "bert") y.index_put_({torch::rand(y.sizes()) < 0.7}, lt::models::kIgnoreIndex);
+      enum class Head { kPlain, kChunked, kFused };
+      auto grads_for = [&](Head head, double& loss) {
+        torch::manual_seed(1);
+        auto model = lt::models::build_model(c);
+        model->train();
+        model->set_fused_loss(head == Head::kFused);
+        model->set_loss_chunk_tokens(head == Head::kPlain ? 0 : 7);  // 48 tokens in 7 chunks, the last one short
+        torch::Tensor l;
+        {
+          lt::trainers::AutocastGuard ac(precision, torch::kCPU);
+          l = model->forward_loss(x, y);
+        }
+        EXPECT_EQ(l.scalar_type(), torch::kFloat);
+        l.backward();
+        loss = l.item<double>();
+        std::vector<torch::Tensor> g;
+        for (auto& p : model->parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+        return g;
+      };
+      double plain_loss = 0, chunk_loss = 0, fused_loss = 0;
+      const auto plain = grads_for(Head::kPlain, plain_loss);
+      const auto chunked = grads_for(Head::kChunked, chunk_loss);
+      const auto fused = grads_for(Head::kFused, fused_loss);
+      const double rtol = bf16 ? 2e-2 : 1e-4, atol = bf16 ? 2e-3 : 1e-6;
+      EXPECT_NEAR(chunk_loss, plain_loss, (bf16 ? 1e-2 : 1e-6) * plain_loss);
+      EXPECT_NEAR(fused_loss, plain_loss, (bf16 ? 1e-2 : 1e-6) * plain_loss);
+      for (size_t i = 0; i < plain.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(plain[i], chunked[i], rtol, atol)) << i;
+        EXPECT_TRUE(torch::allclose(plain[i], fused[i], rtol, atol))
+            << i << " max diff " << (plain[i] - fused[i]).abs().max().item<double>();
+      }
+    }
   }
+}
+
+// The fused loss holds no [N,V] logits: its activation peak on a head-dominated model (vocab
+// 4096, d_model 32) is a fraction of the plain loss's; under fp16 autocast it is not used.
+TEST(Checkpoint, FusedLmLossHoldsOneChunkOfLogits) {
+  auto c = tiny("gpt");
+  c.vocab_size = 4096;
+  c.n_layer = 1;
+  c.dropout = 0.0;
+  auto x = torch::randint(0, c.vocab_size, {8, c.seq_len});
+  auto y = torch::randint(0, c.vocab_size, {8, c.seq_len});
+  auto peak_of = [&](bool fused) {
+    torch::manual_seed(1);
+    auto model = lt::models::build_model(c);
+    model->train();
+    model->set_fused_loss(fused);
+    model->set_loss_chunk_tokens(fused ? 16 : 0);  // 128 tokens: 8 chunks of 16
+    lt::MemoryMeter meter(-1);
+    const int64_t before = meter.stats().current_bytes;
+    meter.reset_peak();
+    model->forward_loss(x, y).backward();
+    return meter.stats().peak_bytes - before;
+  };
+  const int64_t logits = 128 * 4096 * 4;  // 2 MiB of fp32 logits
+  const int64_t plain = peak_of(false), fused = peak_of(true);
+  EXPECT_GT(plain, 2 * logits);
+  EXPECT_LT(fused, plain / 3) << "plain " << plain << ", fused " << fused;
+  EXPECT_FALSE([] {
+    lt::trainers::AutocastGuard ac("fp16", torch::kCPU);
+    return lt::models::fused_lm_loss_applies(torch::kCPU);
+  }());
+  EXPECT_TRUE(lt::models::fused_lm_loss_applies(torch::kCPU));
 }
 
 TEST(CheckpointPolicy, ParsesAndRejects) {

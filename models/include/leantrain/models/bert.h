@@ -54,6 +54,8 @@ class MLMHeadImpl : public torch::nn::Module {
  public:
   MLMHeadImpl(int64_t d_model, int64_t vocab_size);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& decoder_weight);
+  /// ln(gelu(dense(x))): the head before its decoder.
+  torch::Tensor transform(const torch::Tensor& x);
 
   torch::nn::Linear dense{nullptr};
   torch::nn::LayerNorm ln{nullptr};

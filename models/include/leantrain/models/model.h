@@ -45,13 +45,17 @@ class Model : public torch::nn::Module {
   virtual torch::Tensor forward(const torch::Tensor& input) = 0;
   virtual Task task() const = 0;
   /// The mean training loss of a batch (compute_loss on forward()'s logits in fp32).
-  /// Language models override it to split the head and cross-entropy into checkpointed
-  /// chunks of tokens when set_loss_chunk_tokens() asks for it: the [B,T,V] logits then
-  /// never exist at once (Note [Chunked LM loss] in activation_checkpoint.cpp).
+  /// Language models override it so that the [B,T,V] logits never exist at once: in
+  /// training, the head fused with its cross-entropy in chunks of tokens (Note [Fused LM
+  /// loss] in lm_loss.cpp) unless set_fused_loss(false) or autocast is fp16; then, when
+  /// set_loss_chunk_tokens() asks for it, the head and cross-entropy in checkpointed chunks
+  /// (Note [Chunked LM loss] in activation_checkpoint.cpp); else the plain loss.
   virtual torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target);
-  /// 0: plain loss; n > 0: chunks of n tokens; -1: chunks sized so one chunk's fp32 logits
-  /// take about 64 MiB.
+  /// Checkpointed chunks: 0: plain loss; n > 0: chunks of n tokens; -1: chunks sized so one
+  /// chunk's fp32 logits take about 64 MiB. n > 0 also sets the fused loss's chunk.
   void set_loss_chunk_tokens(int64_t n) { loss_chunk_tokens_ = n; }
+  /// The fused head + loss (on by default; off: the paths above, e.g. to compare with them).
+  void set_fused_loss(bool on) { fused_loss_ = on; }
 
   /// The repeated blocks in forward order (the unit of activation checkpointing).
   const std::vector<std::shared_ptr<BlockImpl>>& blocks() const { return blocks_; }
@@ -75,6 +79,9 @@ class Model : public torch::nn::Module {
   /// Tokens per loss chunk for a head of `vocab` outputs, 0 when the loss is not chunked
   /// (not requested, not training, or no autograd).
   int64_t loss_chunk_tokens(int64_t vocab) const;
+  /// Tokens per fused-loss chunk when forward_loss uses the fused head + loss on a batch on
+  /// `device`, 0 when it does not (off, not training, no autograd, or fp16 autocast).
+  int64_t fused_loss_chunk_tokens(int64_t vocab, c10::DeviceType device) const;
 
  private:
   torch::nn::ModuleList block_list(const std::string& name);
@@ -83,6 +90,7 @@ class Model : public torch::nn::Module {
   std::map<std::string, torch::nn::ModuleList> block_lists_;
   BlockRunner runner_;
   int64_t loss_chunk_tokens_ = 0;
+  bool fused_loss_ = true;
 };
 
 /// Builds the model cfg.kind names (gpt | bert | resnet | mlp), initialised as documented in

@@ -1,0 +1,27 @@
+#pragma once
+// The language-model head fused with its cross-entropy (Note [Fused LM loss] in
+// models/src/lm_loss.cpp).
+#include <torch/torch.h>
+
+namespace lt::models {
+
+/// Mean cross-entropy of linear(hidden, weight, bias) against target over the tokens whose
+/// target is not kIgnoreIndex, as torch cross_entropy on the logits in fp32 would give it,
+/// without the [N,V] logits: chunks of `chunk_tokens` rows compute their logits, loss and
+/// the gradients of hidden, weight and bias in forward; backward scales those by the
+/// incoming gradient. hidden [..., D], weight [V, D], bias [V] or undefined, target [...].
+/// The matmuls run in the autocast dtype of hidden's device when autocast is on (else in
+/// hidden's dtype); the softmax and the sums in fp32.
+torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                         const torch::Tensor& bias, const torch::Tensor& target,
+                                         int64_t chunk_tokens);
+
+/// Whether the fused loss is used for a training forward on `device` right now: grad mode
+/// on and autocast not in fp16 (fp16's gradients computed before the loss scale is applied
+/// could underflow; fp16 keeps the plain or checkpointed-chunk loss).
+bool fused_lm_loss_applies(c10::DeviceType device);
+
+/// Rows per chunk so that one chunk's fp32 logits take about 64 MiB (at least 64).
+int64_t lm_loss_chunk_tokens(int64_t vocab);
+
+}  // namespace lt::models

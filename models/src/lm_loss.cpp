@@ -1,0 +1,137 @@
+#include "leantrain/models/lm_loss.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include "leantrain/models/model.h"
+
+namespace lt::models {
+
+// Note [Fused LM loss]
+// A language model's head and loss are its largest activations: GPT-2 at micro-batch 8 and
+// seq 512 has [4096, 50257] logits, 823 MB in fp32, which the plain path holds twice over
+// (cross-entropy's saved log-softmax, and the fp32 copy of bf16 logits under autocast) and
+// whose backward adds two more of that size — about 3 GB of a 5.7 GB bf16 step, and the same
+// 3 GB in fp32, which is why bf16 halved only the blocks' part. Since the loss is a scalar,
+// the gradients of hidden, weight and bias are known once the logits are: d loss/d logits =
+// (softmax - onehot) / count. So forward walks the rows in chunks (one chunk's logits,
+// ~64 MiB, at a time), computes each chunk's loss sum, turns its logits into that gradient
+// in place, and multiplies it into grad_hidden ([N, D]) and grad_weight ([V, D], summed over
+// chunks in fp32), both kept in the matmul dtype; backward only scales them by the incoming
+// gradient. The
+// same three matmuls as the plain path, nothing recomputed (unlike Note [Chunked LM loss]),
+// and the head's memory is ~3 chunks plus grad_weight (its per-chunk product is added in
+// blocks of vocabulary rows). Rows whose target is ignored are
+// dropped before the head (BERT's unmasked tokens: ~85 % of its head's work).
+// Precision as the plain path under autocast: the matmuls in the autocast dtype (the weight
+// cast once), the log-softmax in fp32, grad_hidden rounded through that dtype as autocast's
+// cast backward would; grad_weight summed over chunks in fp32, then rounded to that dtype
+// once (the plain path's bf16 matmul rounds it once too). Not under fp16: its
+// gradients here would be computed before the loss scale multiplies them and could underflow
+// (fused_lm_loss_applies). Tested against the plain loss: Checkpoint.FusedLmLossMatchesPlainLoss.
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor h, torch::Tensor w, torch::Tensor b,
+                               torch::Tensor target, int64_t chunk, c10::ScalarType compute, bool has_bias) {
+    // Explicit casts below; autocast would cast the weight again for every chunk.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto valid = target != kIgnoreIndex;
+    const auto count = valid.sum().clamp_min(1).to(torch::kFloat);
+    const auto rows = valid.all().item<bool>() ? torch::Tensor() : valid.nonzero().squeeze(1);
+    const auto hv = rows.defined() ? h.index_select(0, rows) : h;
+    const auto tv = rows.defined() ? target.index_select(0, rows) : target;
+    const int64_t m = hv.size(0);
+    auto grad_w = torch::zeros(w.sizes(), w.options().dtype(torch::kFloat));
+    auto grad_b = has_bias ? torch::zeros(b.sizes(), b.options().dtype(torch::kFloat)) : torch::Tensor();
+    auto grad_hv = torch::empty({m, h.size(1)}, h.options().dtype(compute));
+    auto total = torch::zeros({}, h.options().dtype(torch::kFloat));
+    const auto inv_count = count.reciprocal();
+    {  // the casts live only through the chunks
+      const auto wc = w.to(compute);
+      const auto bc = has_bias ? b.to(compute) : torch::Tensor();
+      const auto xc = hv.to(compute);
+      const int64_t vocab = w.size(0);
+      const int64_t vblock = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, w.size(1)));
+      for (int64_t s = 0; s < m; s += chunk) {
+        const int64_t len = std::min(chunk, m - s);
+        const auto x = xc.narrow(0, s, len);
+        const auto t = tv.narrow(0, s, len).unsqueeze(1);
+        auto logits = (bc.defined() ? at::linear(x, wc, bc) : at::linear(x, wc)).to(torch::kFloat);
+        const auto lse = logits.logsumexp(1, /*keepdim=*/true);
+        total.add_((lse - logits.gather(1, t)).sum());
+        // d(sum of the chunk's losses)/d logits = softmax - onehot; then / count (the mean).
+        logits.sub_(lse).exp_();
+        logits.scatter_add_(1, t, torch::full({len, 1}, -1.0f, logits.options()));
+        logits.mul_(inv_count);
+        const auto g = logits.to(compute);
+        logits = torch::Tensor();
+        grad_hv.narrow(0, s, len).copy_(at::mm(g, wc));
+        // grad_weight += g^T x in blocks of vocabulary rows: the product's transient is one
+        // block (~4M elements), not [V, D].
+        for (int64_t v0 = 0; v0 < vocab; v0 += vblock) {
+          const int64_t vb = std::min(vblock, vocab - v0);
+          grad_w.narrow(0, v0, vb).add_(at::mm(g.narrow(1, v0, vb).t(), x));
+        }
+        if (grad_b.defined()) grad_b.add_(g.sum(0, /*keepdim=*/false, torch::kFloat));
+      }
+    }
+    // Kept until backward in the matmul dtype, as the plain path's matmuls produce them
+    // (grad_hidden's values are that dtype's already; grad_weight is rounded once, after its
+    // fp32 sum): under bf16 that halves what the head holds through the blocks' backward.
+    torch::Tensor grad_h = grad_hv;
+    if (rows.defined()) grad_h = torch::zeros({h.size(0), h.size(1)}, grad_hv.options()).index_copy_(0, rows, grad_hv);
+    ctx->saved_data["grad_h"] = grad_h;
+    ctx->saved_data["grad_w"] = grad_w.to(compute);
+    ctx->saved_data["grad_b"] = grad_b;
+    ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    return total * inv_count;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto g = grad_out[0];
+    auto grad_b = ctx->saved_data["grad_b"].toTensor();
+    const auto h_dtype = static_cast<c10::ScalarType>(ctx->saved_data["h_dtype"].toInt());
+    const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    // One allocation per gradient: scaled in place when the cast made a copy.
+    auto scaled = [&g](const torch::Tensor& saved, c10::ScalarType dtype) {
+      auto out = saved.to(dtype);
+      return out.is_same(saved) ? out * g : out.mul_(g);
+    };
+    return {scaled(ctx->saved_data["grad_h"].toTensor(), h_dtype), scaled(ctx->saved_data["grad_w"].toTensor(), w_dtype),
+            grad_b.defined() ? grad_b * g : torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool fused_lm_loss_applies(c10::DeviceType device) {
+  if (!torch::GradMode::is_enabled()) return false;
+  return !(at::autocast::is_autocast_enabled(device) && at::autocast::get_autocast_dtype(device) == at::kHalf);
+}
+
+int64_t lm_loss_chunk_tokens(int64_t vocab) { return std::max<int64_t>(64, (int64_t{64} << 20) / (4 * vocab)); }
+
+torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                         const torch::Tensor& bias, const torch::Tensor& target,
+                                         int64_t chunk_tokens) {
+  TORCH_CHECK(chunk_tokens > 0, "fused_linear_cross_entropy: chunk_tokens must be > 0, got ", chunk_tokens);
+  const auto h = hidden.reshape({-1, hidden.size(-1)});
+  const auto t = target.reshape({-1});
+  TORCH_CHECK(t.size(0) == h.size(0), "fused_linear_cross_entropy: target ", target.sizes(), " does not match hidden ",
+              hidden.sizes());
+  const auto device = h.device().type();
+  const c10::ScalarType compute = at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device)
+                                                                            : h.scalar_type();
+  // An undefined tensor cannot be a custom function's input: without a bias, an empty one.
+  const bool has_bias = bias.defined();
+  return FusedLinearCrossEntropy::apply(h, weight, has_bias ? bias : torch::empty({0}, h.options()), t, chunk_tokens,
+                                        compute, has_bias);
+}
+
+}  // namespace lt::models
