@@ -45,7 +45,11 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     const auto hv = rows.defined() ? h.index_select(0, rows) : h;
     const auto tv = rows.defined() ? target.index_select(0, rows) : target;
     const int64_t m = hv.size(0);
-    auto grad_w = torch::zeros(w.sizes(), w.options().dtype(torch::kFloat));
+    // Several chunks: grad_weight summed in fp32. One chunk (few tokens: a small micro-batch
+    // or sequence): its one product, in the matmul dtype, is grad_weight, as in the plain path
+    // (an fp32 sum would only add a [V, D] fp32 tensor to the peak).
+    const bool one_chunk = m <= chunk;
+    auto grad_w = one_chunk ? torch::Tensor() : torch::zeros(w.sizes(), w.options().dtype(torch::kFloat));
     auto grad_b = has_bias ? torch::zeros(b.sizes(), b.options().dtype(torch::kFloat)) : torch::Tensor();
     auto grad_hv = torch::empty({m, h.size(1)}, h.options().dtype(compute));
     auto total = torch::zeros({}, h.options().dtype(torch::kFloat));
@@ -72,7 +76,8 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
         grad_hv.narrow(0, s, len).copy_(at::mm(g, wc));
         // grad_weight += g^T x in blocks of vocabulary rows: the product's transient is one
         // block (~4M elements), not [V, D].
-        for (int64_t v0 = 0; v0 < vocab; v0 += vblock) {
+        if (one_chunk) grad_w = at::mm(g.t(), x);
+        for (int64_t v0 = 0; !one_chunk && v0 < vocab; v0 += vblock) {
           const int64_t vb = std::min(vblock, vocab - v0);
           grad_w.narrow(0, v0, vb).add_(at::mm(g.narrow(1, v0, vb).t(), x));
         }
@@ -85,6 +90,7 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     torch::Tensor grad_h = grad_hv;
     if (rows.defined()) grad_h = torch::zeros({h.size(0), h.size(1)}, grad_hv.options()).index_copy_(0, rows, grad_hv);
     ctx->saved_data["grad_h"] = grad_h;
+    if (!grad_w.defined()) grad_w = torch::zeros(w.sizes(), w.options().dtype(compute));  // no rows
     ctx->saved_data["grad_w"] = grad_w.to(compute);
     ctx->saved_data["grad_b"] = grad_b;
     ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());

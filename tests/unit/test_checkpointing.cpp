@@ -290,13 +290,14 @@ TEST(Checkpoint, FusedAndChunkedLmLossMatchPlainLoss) {
       c.dropout = 0.0;
       auto [x, y] = batch_for(c);
       if (std::string(kind) == "bert") y.index_put_({torch::rand(y.sizes()) < 0.7}, lt::models::kIgnoreIndex);
-      enum class Head { kPlain, kChunked, kFused };
+      enum class Head { kPlain, kChunked, kFused, kFusedOneChunk };
       auto grads_for = [&](Head head, double& loss) {
         torch::manual_seed(1);
         auto model = lt::models::build_model(c);
         model->train();
-        model->set_fused_loss(head == Head::kFused);
-        model->set_loss_chunk_tokens(head == Head::kPlain ? 0 : 7);  // 48 tokens in 7 chunks, the last one short
+        model->set_fused_loss(head == Head::kFused || head == Head::kFusedOneChunk);
+        // 48 tokens in 7 chunks, the last one short; or all in one
+        model->set_loss_chunk_tokens(head == Head::kPlain ? 0 : (head == Head::kFusedOneChunk ? 64 : 7));
         torch::Tensor l;
         {
           lt::trainers::AutocastGuard ac(precision, torch::kCPU);
@@ -313,11 +314,15 @@ TEST(Checkpoint, FusedAndChunkedLmLossMatchPlainLoss) {
       const auto plain = grads_for(Head::kPlain, plain_loss);
       const auto chunked = grads_for(Head::kChunked, chunk_loss);
       const auto fused = grads_for(Head::kFused, fused_loss);
+      double one_loss = 0;
+      const auto one = grads_for(Head::kFusedOneChunk, one_loss);
+      EXPECT_NEAR(one_loss, plain_loss, (bf16 ? 1e-2 : 1e-6) * plain_loss);
       const double rtol = bf16 ? 2e-2 : 1e-4, atol = bf16 ? 2e-3 : 1e-6;
       EXPECT_NEAR(chunk_loss, plain_loss, (bf16 ? 1e-2 : 1e-6) * plain_loss);
       EXPECT_NEAR(fused_loss, plain_loss, (bf16 ? 1e-2 : 1e-6) * plain_loss);
       for (size_t i = 0; i < plain.size(); ++i) {
         EXPECT_TRUE(torch::allclose(plain[i], chunked[i], rtol, atol)) << i;
+        EXPECT_TRUE(torch::allclose(plain[i], one[i], rtol, atol)) << i;
         EXPECT_TRUE(torch::allclose(plain[i], fused[i], rtol, atol))
             << i << " max diff " << (plain[i] - fused[i]).abs().max().item<double>();
       }
