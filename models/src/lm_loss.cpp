@@ -74,12 +74,15 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
         const auto g = logits.to(compute);
         logits = torch::Tensor();
         grad_hv.narrow(0, s, len).copy_(at::mm(g, wc));
-        // grad_weight += g^T x in blocks of vocabulary rows: the product's transient is one
-        // block (~4M elements), not [V, D].
-        if (one_chunk) grad_w = at::mm(g.t(), x);
-        for (int64_t v0 = 0; !one_chunk && v0 < vocab; v0 += vblock) {
-          const int64_t vb = std::min(vblock, vocab - v0);
-          grad_w.narrow(0, v0, vb).add_(at::mm(g.narrow(1, v0, vb).t(), x));
+        if (one_chunk) {
+          grad_w = at::mm(g.t(), x);
+        } else {
+          // grad_weight += g^T x in blocks of vocabulary rows: the product's transient is one
+          // block (~4M elements), not [V, D].
+          for (int64_t v0 = 0; v0 < vocab; v0 += vblock) {
+            const int64_t vb = std::min(vblock, vocab - v0);
+            grad_w.narrow(0, v0, vb).add_(at::mm(g.narrow(1, v0, vb).t(), x));
+          }
         }
         if (grad_b.defined()) grad_b.add_(g.sum(0, /*keepdim=*/false, torch::kFloat));
       }

@@ -266,22 +266,16 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
       std::vector<double> xs, times, updates;  // every probe: the time model
       std::vector<double> line_xs, peaks;      // the probes on the memory line (not `solo`)
       const size_t first_row = plan.rows.size();
-      if (slow_precisions.count(precision) > 0) {
-        // A later policy recomputes more: at micro-batch 1 it is slower still.
-        fit.slow = true;
+      // Not probed: a later policy of a slow precision recomputes more, so at micro-batch 1 it
+      // is slower still (Note [Slow candidates]); one of a precision whose `none` fits the whole
+      // batch is dominated (Note [Recomputation is dominated]).
+      fit.slow = slow_precisions.count(precision) > 0;
+      fit.dominated = !fit.slow && policy != "none" && none_fits_whole.count(precision) > 0;
+      if (fit.slow || fit.dominated) {
         for (const int64_t m : micros) {
           PlanRow row = make_row(precision, policy, m, per_rank);
-          row.slow = true;
-          plan.rows.push_back(row);
-        }
-        plan.fits.push_back(fit);
-        continue;
-      }
-      if (policy != "none" && none_fits_whole.count(precision) > 0) {
-        fit.dominated = true;
-        for (const int64_t m : micros) {
-          PlanRow row = make_row(precision, policy, m, per_rank);
-          row.skipped = true;
+          row.slow = fit.slow;
+          row.skipped = fit.dominated;
           plan.rows.push_back(row);
         }
         plan.fits.push_back(fit);
