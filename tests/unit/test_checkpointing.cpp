@@ -362,6 +362,45 @@ TEST(Checkpoint, FusedLmLossHoldsOneChunkOfLogits) {
   EXPECT_TRUE(lt::models::fused_lm_loss_applies(torch::kCPU));
 }
 
+// Few tokens (one chunk): the fused loss's peak over forward + backward is the plain loss's,
+// not one [V, D] weight gradient more (backward scales the saved gradient in place instead of
+// allocating `saved * g` next to it); a second backward through the graph is refused by name.
+TEST(Checkpoint, FusedLmLossBackwardScalesItsSavedGradientInPlace) {
+  const int64_t vocab = 4096, d = 256, n = 8;
+  const int64_t weight_bytes = vocab * d * 4;  // 4 MiB, against 128 KiB of logits
+  torch::manual_seed(3);
+  auto h0 = torch::randn({n, d});
+  auto w0 = torch::randn({vocab, d}) * 0.02;
+  auto t = torch::randint(0, vocab, {n});
+  auto peak_of = [&](bool fused) {
+    auto h = h0.clone().requires_grad_(true);
+    auto w = w0.clone().requires_grad_(true);
+    lt::MemoryMeter meter(-1);
+    const int64_t before = meter.stats().current_bytes;
+    meter.reset_peak();
+    auto loss = fused ? lt::models::fused_linear_cross_entropy(h, w, torch::Tensor(), t, 64)
+                      : torch::nn::functional::cross_entropy(torch::nn::functional::linear(h, w), t);
+    loss.backward();
+    return std::make_pair(meter.stats().peak_bytes - before, w.grad());
+  };
+  const auto [plain, plain_grad] = peak_of(false);
+  const auto [fused, fused_grad] = peak_of(true);
+  EXPECT_TRUE(torch::allclose(fused_grad, plain_grad, 1e-5, 1e-6));
+  EXPECT_GE(plain, weight_bytes);
+  EXPECT_LT(fused, plain + weight_bytes / 2) << "plain " << plain << ", fused " << fused;
+
+  auto h = h0.clone().requires_grad_(true);
+  auto w = w0.clone().requires_grad_(true);
+  auto loss = lt::models::fused_linear_cross_entropy(h, w, torch::Tensor(), t, 64);
+  loss.backward({}, /*retain_graph=*/true);
+  try {
+    loss.backward();
+    FAIL() << "a second backward through the fused loss ran";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backward ran a second time"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CheckpointPolicy, ParsesAndRejects) {
   EXPECT_EQ(CheckpointPolicy::parse("every:3").every, 3);
   EXPECT_TRUE(CheckpointPolicy::parse("every:3").checkpoints_block(3));
