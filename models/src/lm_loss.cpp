@@ -119,11 +119,7 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
       ctx->saved_data.erase(it);
       return t;
     };
-    auto scaled = [&g](torch::Tensor saved, c10::ScalarType dtype) {
-      auto out = saved.to(dtype);
-      saved = torch::Tensor();  // the cast's source, when it made a copy, is freed here
-      return out.mul_(g);
-    };
+    auto scaled = [&g](const torch::Tensor& saved, c10::ScalarType dtype) { return saved.to(dtype).mul_(g); };
     auto grad_h = scaled(take("grad_h"), h_dtype);
     auto grad_w = scaled(take("grad_w"), w_dtype);
     return {grad_h, grad_w, grad_b.defined() ? grad_b * g : torch::Tensor(), torch::Tensor(), torch::Tensor(),
