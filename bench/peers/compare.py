@@ -94,7 +94,7 @@ SCALES: Dict[str, dict] = {
         },
         "train": {"train.global_batch": 4, "train.micro_batch": 1, "train.steps": 2,
                   "data.synthetic_samples": 512},
-        "train_resnet": {"train.global_batch": 8, "train.micro_batch": 2, "train.steps": 3},
+        "train_resnet": {"train.global_batch": 8, "train.micro_batch": 2, "train.steps": 6},
         **EVERY_ROW,
         "ckpt": ["--model", "gpt2_small", "--rounds", "3"],
     },
