@@ -67,6 +67,7 @@ std::vector<Field> fields_of(Config& c) {
       {"memory", "budget", &mem.budget},
       {"checkpoint", "dir", &ck.dir}, {"checkpoint", "every_steps", &ck.every_steps},
       {"checkpoint", "keep_last", &ck.keep_last}, {"checkpoint", "async", &ck.async},
+      {"checkpoint", "at_end", &ck.at_end},
       {"comm", "backend", &cm.backend}, {"comm", "bucket_mb", &cm.bucket_mb},
       {"comm", "first_bucket_mb", &cm.first_bucket_mb}, {"comm", "timeout_s", &cm.timeout_s},
       {"comm", "startup_timeout_s", &cm.startup_timeout_s},

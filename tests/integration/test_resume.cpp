@@ -52,6 +52,30 @@ TEST_F(Resume, ExactResumeTwoRanksBf16) {
   expect_exact_resume(mpirun(2), "--set train.micro_batch=4 --set precision.mode=bf16");
 }
 
+// checkpoint.at_end = false (the peer bench's runs): no checkpoint after the last step, while
+// periodic checkpoints and a preemption's checkpoint are still written.
+TEST_F(Resume, AtEndFalseSkipsOnlyTheFinalCheckpoint) {
+  const std::string cfg = tiny_gpt_config(0.0, 5);
+  const std::string base = std::string(LEANTRAIN_BINARY) + " train --config " + cfg +
+                           " --set train.micro_batch=8 --set checkpoint.at_end=false";
+  auto plain = run_cmd(base + " --out " + (dir_ / "plain").string());
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(losses_of(dir_ / "plain").first.size(), 5u);
+  for (int s = 1; s <= 5; ++s) EXPECT_FALSE(fs::exists(ck(dir_ / "plain", s))) << s;
+  auto periodic = run_cmd(base + " --set checkpoint.every_steps=2 --out " + (dir_ / "periodic").string());
+  ASSERT_EQ(periodic.code, 0) << periodic.err;
+  EXPECT_TRUE(fs::exists(ck(dir_ / "periodic", 2)));
+  EXPECT_TRUE(fs::exists(ck(dir_ / "periodic", 4)));
+  EXPECT_FALSE(fs::exists(ck(dir_ / "periodic", 5)));
+  auto preempted = run_cmd("LEANTRAIN_FAULT=sigterm@3 " + base + " --out " + (dir_ / "preempted").string());
+  ASSERT_EQ(preempted.code, 75) << preempted.err;
+  EXPECT_TRUE(fs::exists(ck(dir_ / "preempted", 3))) << preempted.err;
+  auto bad = run_cmd(std::string(LEANTRAIN_BINARY) + " train --config " + cfg +
+                     " --set checkpoint.at_end=maybe --out " + (dir_ / "bad").string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("checkpoint.at_end"), std::string::npos) << bad.err;
+}
+
 // A checkpoint from 2 ranks resumes on 1 (and from 1 on 2) with the same global batch
 // (accumulation recomputed) and tracks the uninterrupted 2-rank run (fp32, dropout 0).
 TEST_F(Resume, AnotherWorldSizeTracksTheUninterruptedRun) {

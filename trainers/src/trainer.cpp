@@ -567,10 +567,11 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     summary.final_loss = loss_val;
     summary.steps = step + 1;
 
-    // Sync-step checkpoints: every checkpoint.every_steps, at the end, and on preemption.
+    // Sync-step checkpoints: every checkpoint.every_steps, at the end (unless
+    // checkpoint.at_end = false), and on preemption.
     const bool last = step + 1 == total_steps;
     const int64_t every = cfg.checkpoint.every_steps;
-    const bool sync_step = stop || last || (every > 0 && (step + 1) % every == 0);
+    const bool sync_step = stop || (last && cfg.checkpoint.at_end) || (every > 0 && (step + 1) % every == 0);
     if (sync_step) generous_step = true;
     if (rank == 0 && sync_step) {
       const auto c0 = Clock::now();

@@ -91,6 +91,7 @@ struct CheckpointConfig {
   int64_t every_steps = 0;    // 0: only at the end
   int64_t keep_last = 3;
   bool async = true;          // copy the state, then write on a background thread
+  bool at_end = true;         // false: none after the last step (a preemption still writes one)
 };
 
 struct CommConfig {
