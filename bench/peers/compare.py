@@ -79,7 +79,6 @@ SCALES: Dict[str, dict] = {
                   "train.min_lr": 0.0, "train.warmup_steps": 1, "data.synthetic_samples": 256,
                   "train.threads": 1},
         "ranks": [1], "precisions": ["fp32", "bf16"], "checkpoints": ["none", "full"],
-        "warmup": {"resnet": 1},  # exercises Note [Warm-up run]
         # Every model in fp32; bf16 + full checkpointing once (gpt): each code path runs once.
         "only": lambda m, r, p, c: (p, c) == ("fp32", "none") or (m, p, c) == ("gpt", "bf16", "full"),
         "comm": ["--layers", "1", "--d-model", "64", "--vocab", "256", "--parts", "a", "--warmup", "1",
@@ -96,7 +95,6 @@ SCALES: Dict[str, dict] = {
         "train": {"train.global_batch": 4, "train.micro_batch": 1, "train.steps": 2,
                   "data.synthetic_samples": 512},
         "train_resnet": {"train.global_batch": 8, "train.micro_batch": 2, "train.steps": 6},
-        "warmup": {"resnet50": 1},  # Note [Warm-up run]
         **EVERY_ROW,
         "ckpt": ["--model", "gpt2_small", "--rounds", "3"],
     },
@@ -110,7 +108,6 @@ SCALES: Dict[str, dict] = {
         "train": {"train.global_batch": 64, "train.micro_batch": 8, "train.steps": 20,
                   "data.synthetic_samples": 4096},
         "train_resnet": {"train.global_batch": 64, "train.micro_batch": 16},
-        "warmup": {"resnet50": 1},  # Note [Warm-up run]
         **EVERY_ROW,
         "ckpt": ["--model", "gpt2_small", "--rounds", "5"],
     },
@@ -250,33 +247,19 @@ class Bench:
         with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
             return [e for e in (json.loads(l) for l in fh if l.strip()) if e.get("event") == "step"]
 
-    def warmup_runs(self, row: dict) -> int:
-        if self.args.warmup is not None:
-            return self.args.warmup
-        return self.scale.get("warmup", {}).get(row["model"], 0)
-
     def measure_row(self, row: dict) -> dict:
         init, export_cfg = self.export_init(row)
         rdir = os.path.join(self.work, re.sub(r"[^A-Za-z0-9_.-]+", "_", row["label"]))
         os.makedirs(rdir, exist_ok=True)
         config_json = os.path.join(rdir, "peer_config.json")
         res = {"lt": [], "peer": []}
-        # Note [Warm-up run]: on the 2-core VM the first 10-15 s after some rows (resnet50 1r
-        # fp32 ckpt-full) run 25-40 % slower, whichever side runs then, and ABBA order does not
-        # cancel a transient that fades within one row. ResNet rows, where both sides run the
-        # same kernels and differ by a few percent, get an unmeasured leantrain run first (it
-        # resolves the config); the measured runs then start with the peer: W P L L P. Other
-        # rows differ by 14 % or more; a warm-up for every row (~25 % more wall time) would
-        # break the 20-minute limit of the cpu scale. docs/BENCH_PEERS.md has the measurements.
-        warm = self.warmup_runs(row)
-        order = ["warm"] * warm
-        for r in range(self.args.repeats):
-            first = "lt" if (r % 2 == 0) == (warm == 0) else "peer"
-            order += [first, "peer" if first == "lt" else "lt"]
+        order = []
+        for _ in range(self.args.repeats):
+            order += ["lt", "peer"] if len(order) % 4 == 0 else ["peer", "lt"]
         cfg = None
         for i, side in enumerate(order):
             out = os.path.join(rdir, f"{side}{i}")
-            if side in ("lt", "warm"):
+            if side == "lt":
                 self.run_leantrain(row, out)
                 with open(os.path.join(out, "config.json")) as fh:
                     ran = json.load(fh)
@@ -291,8 +274,7 @@ class Bench:
                     raise RuntimeError(f"{row['label']}: leantrain's config.json changed between runs")
             else:
                 self.run_peer(row, out, config_json, init)
-            if side != "warm":
-                res[side].append(self.steps(out))
+            res[side].append(self.steps(out))
         return self.summarise(row, res)
 
     @staticmethod
@@ -424,17 +406,12 @@ def main(argv) -> int:
     ap.add_argument("--rows", default="", help="only rows whose label matches this regex (e.g. 'gpt6 1r')")
     ap.add_argument("--ranks", default="", help="comma-separated rank counts instead of the scale's (e.g. 2)")
     ap.add_argument("--repeats", type=int, default=2, help="pairs of runs per side per row (alternating A B B A)")
-    ap.add_argument("--warmup", type=int, default=None,
-                    help="unmeasured leantrain runs before each row's measured runs (default: the scale's, "
-                         "Note [Warm-up run])")
     ap.add_argument("--no-extra", action="store_true", help="skip the collective and checkpoint rows")
     ap.add_argument("--keep", action="store_true", help="keep OUT/runs/")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
-    if args.warmup is not None and args.warmup < 0:
-        ap.error("--warmup must be >= 0")
     if args.ranks and not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", args.ranks):
         ap.error(f"--ranks {args.ranks!r}: expected rank counts like 1,2")
     if not os.access(os.path.join(args.bin, "leantrain"), os.X_OK):

@@ -69,12 +69,6 @@ def main(argv) -> int:
                 bound = 1e-4 if " fp32 " in f" {label} " else 1e-2
                 check(rel <= bound, f"{label}: final loss leantrain {l['value']:.7f}, peer {l['baseline']:.7f} "
                                     f"(rel diff {rel:.2e} <= {bound:g})")
-        # Note [Warm-up run]: the resnet row's unmeasured leantrain run comes first, then peer, leantrain.
-        for label in labels:
-            runs = sorted(os.listdir(os.path.join(out, "runs", label.replace(" ", "_"))))
-            runs = [r for r in runs if r[0] in "lpw" and r[-1].isdigit()]
-            want = ["lt2", "peer1", "warm0"] if label.startswith("resnet") else ["lt0", "peer1"]
-            check(runs == want, f"{label}: runs {runs} (want {want})")
         metrics = {l["metric"] for l in lines}
         check({"busbw_gb_s", "write_mib_per_s"} <= metrics, "the collective and checkpoint rows are there")
 
