@@ -94,7 +94,14 @@ SCALES: Dict[str, dict] = {
         },
         "train": {"train.global_batch": 4, "train.micro_batch": 1, "train.steps": 2,
                   "data.synthetic_samples": 512},
-        "train_resnet": {"train.global_batch": 8, "train.micro_batch": 2, "train.steps": 6},
+        # Note [More runs for the parity rows]: at 1 rank both sides run the same kernels on
+        # ResNet (profiled), so its rows are decided by a few percent, and the VM has slow
+        # windows of 10-15 s (25-40 % slower steps, either side) that ABBA order cannot cancel
+        # within 4 runs. Those rows get 8 runs per side (4 pairs) of 4 steps (3 timed) instead
+        # of 2 of 6: twice the timed steps, and a window weighs a quarter of a side's runs, not
+        # half, for ~50 s more in all. docs/BENCH_PEERS.md has the measurements.
+        "train_resnet": {"train.global_batch": 8, "train.micro_batch": 2, "train.steps": 4},
+        "repeats": {("resnet50", 1): 4},
         **EVERY_ROW,
         "ckpt": ["--model", "gpt2_small", "--rounds", "3"],
     },
@@ -247,6 +254,13 @@ class Bench:
         with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
             return [e for e in (json.loads(l) for l in fh if l.strip()) if e.get("event") == "step"]
 
+    def repeats_for(self, row: dict) -> int:
+        """Pairs of runs per side: --repeats, else the scale's for (model, ranks) (Note [More runs
+        for the parity rows]), else 2."""
+        if self.args.repeats is not None:
+            return self.args.repeats
+        return self.scale.get("repeats", {}).get((row["model"], row["ranks"]), 2)
+
     def measure_row(self, row: dict) -> dict:
         init, export_cfg = self.export_init(row)
         rdir = os.path.join(self.work, re.sub(r"[^A-Za-z0-9_.-]+", "_", row["label"]))
@@ -254,7 +268,7 @@ class Bench:
         config_json = os.path.join(rdir, "peer_config.json")
         res = {"lt": [], "peer": []}
         order = []
-        for _ in range(self.args.repeats):
+        for _ in range(self.repeats_for(row)):
             order += ["lt", "peer"] if len(order) % 4 == 0 else ["peer", "lt"]
         cfg = None
         for i, side in enumerate(order):
@@ -405,12 +419,14 @@ def main(argv) -> int:
                     "for --scale cpu|full, none for smoke)")
     ap.add_argument("--rows", default="", help="only rows whose label matches this regex (e.g. 'gpt6 1r')")
     ap.add_argument("--ranks", default="", help="comma-separated rank counts instead of the scale's (e.g. 2)")
-    ap.add_argument("--repeats", type=int, default=2, help="pairs of runs per side per row (alternating A B B A)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="pairs of runs per side per row (alternating A B B A); default 2, more for the rows "
+                         "the scale names (Note [More runs for the parity rows])")
     ap.add_argument("--no-extra", action="store_true", help="skip the collective and checkpoint rows")
     ap.add_argument("--keep", action="store_true", help="keep OUT/runs/")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
     args = ap.parse_args(argv)
-    if args.repeats < 1:
+    if args.repeats is not None and args.repeats < 1:
         ap.error("--repeats must be >= 1")
     if args.ranks and not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", args.ranks):
         ap.error(f"--ranks {args.ranks!r}: expected rank counts like 1,2")
@@ -430,7 +446,8 @@ def main(argv) -> int:
     if not rows:
         print(f"compare.py: no row matches --rows {args.rows!r}", file=sys.stderr)
         return 2
-    bench.say(f"scale {args.scale}: {len(rows)} rows x {2 * args.repeats} runs; commit {commit_label()}")
+    bench.say(f"scale {args.scale}: {len(rows)} rows, {sum(2 * bench.repeats_for(r) for r in rows)} runs; "
+              f"commit {commit_label()}")
     results, extra = [], []
     try:
         for row in rows:
@@ -455,7 +472,7 @@ def main(argv) -> int:
                    "rows": [{k: v for k, v in s.items() if k != "row"} | {"label": s["row"]["label"],
                             "sets": s["row"]["sets"]} for s in results], "extra": extra}, fh, indent=1)
     if doc:
-        write_doc(doc, md, args, wall, rows)
+        write_doc(doc, md, args, wall, rows, sum(2 * bench.repeats_for(r) for r in rows))
     report = subprocess.run([os.path.join(args.bin, "leantrain"), "report", "--help"], capture_output=True, text=True)
     if report.returncode == 0 and "--bench" in report.stdout + report.stderr:
         # Into a folder of its own: `report --out DIR` replaces what DIR held (results.jsonl too).
@@ -486,14 +503,14 @@ def cpu_label() -> str:
     return f"{model}, {os.cpu_count()} cores, bf16 instructions: {' + '.join(bf16) if bf16 else 'none'}"
 
 
-def write_doc(path: str, md: str, args, wall: float, rows: List[dict]) -> None:
+def write_doc(path: str, md: str, args, wall: float, rows: List[dict], runs: int) -> None:
     """The generated part of docs/BENCH_PEERS.md, between the two markers (the prose around it
     is kept); a new file gets just the markers and the table."""
     begin, end = "<!-- BEGIN GENERATED by bench/peers/compare.py -->", "<!-- END GENERATED -->"
     load = os.getloadavg()
     body = (f"{begin}\nMeasured at commit `{commit_label()}`, `--scale {args.scale}`, "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {wall:.0f} s wall, load average at the end "
-            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, {len(rows)} rows x {2 * args.repeats} runs, "
+            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, {len(rows)} rows, {runs} runs, "
             f"on {cpu_label()}.\n\n{md}{end}")
     text = open(path).read() if os.path.exists(path) else ""
     if begin in text and end in text:
