@@ -6,8 +6,10 @@
 
 For every row (model x ranks x precision x activation checkpointing) both sides train the
 same model from the same initial weights on the same samples with the same optimizer,
-schedule, batch layout and threads per rank; runs alternate leantrain, peer, peer, leantrain
-(--repeats 2 pairs) so drifting load falls on both. Then the collective row
+schedule, batch layout and threads per rank. At 1 rank the two sides run side by side and take
+turns, one optimizer step each (Note [Taking turns], trainers/include/leantrain/trainers/turns.h),
+so a slow window of the machine falls on both sides' steps alike; at 2 ranks whole runs
+alternate leantrain, peer, peer, leantrain (--repeats 2 pairs) so drifting load falls on both. Then the collective row
 (leantrain_bench_comm: GradientSync busbw vs a raw MPI_Allreduce) and the checkpoint row
 (leantrain_bench_checkpoint: commit_checkpoint vs fwrite + fsync) from those benches.
 
@@ -31,9 +33,12 @@ import argparse
 import json
 import os
 import re
+import resource
+import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional
 
@@ -99,7 +104,9 @@ SCALES: Dict[str, dict] = {
         # windows of 10-15 s (25-40 % slower steps, either side) that ABBA order cannot cancel
         # within 4 runs. Those rows get 8 runs per side (4 pairs) of 4 steps (3 timed) instead
         # of 2 of 6: twice the timed steps, and a window weighs a quarter of a side's runs, not
-        # half, for ~50 s more in all. docs/BENCH_PEERS.md has the measurements.
+        # half. Since both sides take turns step by step (Note [Taking turns]) a window falls
+        # on both alike; the 4 pairs stay, for more timed steps. docs/BENCH_PEERS.md has the
+        # measurements.
         "train_resnet": {"train.global_batch": 8, "train.micro_batch": 2, "train.steps": 4},
         "repeats": {("resnet50", 1): 4},
         **EVERY_ROW,
@@ -172,7 +179,10 @@ class Bench:
         e["PYTHONPATH"] = os.path.join(ROOT, "tools")
         e.update(env or {})
         t = time.time()
+        before = usage_now()
         r = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+        self.last_usage = {k: round(v - before[k], 3) for k, v in usage_now().items()}
+        self.last_usage["wall_s"] = round(time.time() - t, 3)
         self.log.write(f"$ {' '.join(cmd)}\n{r.stdout[-4000:]}{r.stderr[-4000:]}\n")
         if r.returncode != 0:
             raise RuntimeError(f"{what} failed (exit {r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
@@ -221,7 +231,8 @@ class Bench:
         with open(os.path.join(d, "config.json")) as fh:
             return ckpt, json.load(fh)
 
-    def run_leantrain(self, row: dict, out: str) -> None:
+    def lt_cmd(self, row: dict, out: str) -> (List[str], str):
+        """(leantrain's command for a run of the row into out, its checkpoint directory)."""
         shutil.rmtree(out, ignore_errors=True)
         # The final checkpoint (written after the last step event, so outside what is measured)
         # goes to memory when it can: 1.4 GB to the disk costs seconds of wall time per run.
@@ -233,21 +244,120 @@ class Bench:
             cmd += ["--set", set_arg(k, v)]
         if row["ranks"] > 1:
             cmd = [os.path.join(ROOT, "cluster", "mpirun.sh"), str(row["ranks"])] + cmd
+        return cmd, ckpt_dir
+
+    def peer_cmd(self, row: dict, out: str, config_json: str, init: str) -> List[str]:
+        shutil.rmtree(out, ignore_errors=True)
+        script = os.path.join(HERE, "ddp_recipe.py")
+        args = ["--config", config_json, "--init", init, "--out", out]
+        if row["ranks"] > 1:
+            return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={row['ranks']}",
+                    script] + args
+        return [PY, script] + args
+
+    def run_leantrain(self, row: dict, out: str) -> None:
+        cmd, ckpt_dir = self.lt_cmd(row, out)
         try:
             self.run(cmd, f"{row['label']}: leantrain")
         finally:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
 
     def run_peer(self, row: dict, out: str, config_json: str, init: str) -> None:
-        shutil.rmtree(out, ignore_errors=True)
-        script = os.path.join(HERE, "ddp_recipe.py")
-        args = ["--config", config_json, "--init", init, "--out", out]
-        if row["ranks"] > 1:
-            cmd = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={row['ranks']}",
-                   script] + args
-        else:
-            cmd = [PY, script] + args
-        self.run(cmd, f"{row['label']}: peer")
+        self.run(self.peer_cmd(row, out, config_json, init), f"{row['label']}: peer")
+
+    def run_pair_in_turns(self, row: dict, i: int, outs: Dict[str, str], config_json: str, init: str,
+                          first_config) -> None:
+        """Note [Taking turns]: one leantrain run and one peer run side by side, one step each
+        in turn (trainers/include/leantrain/trainers/turns.h): leantrain's warm-up step first
+        (its config.json, checked by first_config, is the peer's config), then the peer starts
+        and takes its warm-up step, then the timed steps alternate, A B B A, starting with
+        leantrain on even pairs i and the peer on odd ones. A slow window of the machine then
+        falls on both sides' steps alike. Each process's CPU time and faults come from wait4."""
+        steps = int(row["sets"]["train.steps"])
+        tmp = tempfile.mkdtemp(prefix="lt-turns-")
+        fds, procs, logs, usage = {}, {}, {}, {}
+        t0, before = time.time(), usage_now()
+        lt_cmd, ckpt_dir = self.lt_cmd(row, outs["lt"])
+
+        def start(side: str, cmd: List[str]) -> None:
+            go, done = os.path.join(tmp, side + ".go"), os.path.join(tmp, side + ".done")
+            os.mkfifo(go)
+            os.mkfifo(done)
+            # Held read-write here, so the child's opens never block and its reads see end of
+            # file only when this process is gone.
+            fds[side] = (os.open(go, os.O_RDWR), os.open(done, os.O_RDWR | os.O_NONBLOCK))
+            e = dict(os.environ)
+            for k in list(e):
+                if k.startswith("LEANTRAIN_FAULT"):
+                    del e[k]
+            e.update({"PYTHONPATH": os.path.join(ROOT, "tools"), "LEANTRAIN_BENCH_TURNS": f"{go}:{done}"})
+            logs[side] = open(os.path.join(tmp, side + ".log"), "w+")
+            self.log.write(f"$ LEANTRAIN_BENCH_TURNS=... {' '.join(cmd)}\n")
+            procs[side] = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=logs[side], stderr=subprocess.STDOUT)
+
+        def reap(side: str, block: bool) -> bool:
+            """True once the side's process has exited (its rusage kept); raises if it failed."""
+            if side in usage:
+                return True
+            pid, status, ru = os.wait4(procs[side].pid, 0 if block else os.WNOHANG)
+            if pid == 0:
+                return False
+            procs[side].returncode = os.waitstatus_to_exitcode(status)
+            usage[side] = {"user_s": round(ru.ru_utime, 3), "sys_s": round(ru.ru_stime, 3), "minflt": ru.ru_minflt,
+                           "majflt": ru.ru_majflt, "nvcsw": ru.ru_nvcsw, "nivcsw": ru.ru_nivcsw}
+            if procs[side].returncode != 0:
+                logs[side].seek(0)
+                tail = logs[side].read()[-3000:]
+                self.log.write(tail + "\n")
+                raise RuntimeError(f"{row['label']}: {side} failed (exit {procs[side].returncode}) "
+                                   f"while taking turns:\n{tail}")
+            return True
+
+        def turn(side: str, exit_turn: bool = False) -> None:
+            os.write(fds[side][0], b"g")
+            if exit_turn:
+                return
+            deadline = time.time() + 1800
+            while time.time() < deadline:
+                ready, _, _ = select.select([fds[side][1]], [], [], 1.0)
+                if ready and os.read(fds[side][1], 1):
+                    return
+                if reap(side, block=False):
+                    raise RuntimeError(f"{row['label']}: {side} exited before its turn ended")
+            raise RuntimeError(f"{row['label']}: {side} held its turn for more than 1800 s")
+
+        try:
+            start("lt", lt_cmd)
+            turn("lt")
+            first_config(outs["lt"])
+            start("peer", self.peer_cmd(row, outs["peer"], config_json, init))
+            turn("peer")
+            for k in range(1, steps):
+                for side in (("lt", "peer") if (i + k) % 2 == 0 else ("peer", "lt")):
+                    turn(side)
+            for side in ("lt", "peer"):
+                turn(side, exit_turn=True)
+            for side in ("lt", "peer"):
+                reap(side, block=True)
+        finally:
+            for side, p in procs.items():
+                if side not in usage and p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for f in list(fds.values()):
+                for fd in f:
+                    os.close(fd)
+            for side, fh in logs.items():
+                fh.seek(0)
+                self.log.write(f"[{side}]\n{fh.read()[-4000:]}\n")
+                fh.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        steal = round(usage_now()["steal_s"] - before["steal_s"], 3)
+        for side in usage:
+            usage[side].update({"wall_s": round(time.time() - t0, 3), "steal_s": steal})
+        self.pair_usage = usage
+        self.say(f"{row['label']}: leantrain and peer in turns: {time.time() - t0:.1f} s")
 
     @staticmethod
     def steps(run_dir: str) -> List[dict]:
@@ -267,29 +377,47 @@ class Bench:
         os.makedirs(rdir, exist_ok=True)
         config_json = os.path.join(rdir, "peer_config.json")
         res = {"lt": [], "peer": []}
-        order = []
-        for _ in range(self.repeats_for(row)):
-            order += ["lt", "peer"] if len(order) % 4 == 0 else ["peer", "lt"]
+        usage = {"lt": [], "peer": []}
         cfg = None
-        for i, side in enumerate(order):
-            out = os.path.join(rdir, f"{side}{i}")
-            if side == "lt":
-                self.run_leantrain(row, out)
-                with open(os.path.join(out, "config.json")) as fh:
-                    ran = json.load(fh)
-                if cfg is None:
-                    # The first run of a row is leantrain's: its resolved config is the peer's.
-                    if ran["model"] != export_cfg["model"] or ran["data"]["seed"] != export_cfg["data"]["seed"]:
-                        raise RuntimeError(f"{row['label']}: the model or seed differs from the init export's")
-                    cfg = ran
-                    with open(config_json, "w") as fh:
-                        json.dump(cfg, fh, indent=1)
-                elif ran != cfg:
-                    raise RuntimeError(f"{row['label']}: leantrain's config.json changed between runs")
-            else:
-                self.run_peer(row, out, config_json, init)
-            res[side].append(self.steps(out))
-        return self.summarise(row, res)
+
+        def check_config(out: str) -> None:
+            nonlocal cfg
+            with open(os.path.join(out, "config.json")) as fh:
+                ran = json.load(fh)
+            if cfg is None:
+                # The first run of a row is leantrain's: its resolved config is the peer's.
+                if ran["model"] != export_cfg["model"] or ran["data"]["seed"] != export_cfg["data"]["seed"]:
+                    raise RuntimeError(f"{row['label']}: the model or seed differs from the init export's")
+                cfg = ran
+                with open(config_json, "w") as fh:
+                    json.dump(cfg, fh, indent=1)
+            elif ran != cfg:
+                raise RuntimeError(f"{row['label']}: leantrain's config.json changed between runs")
+
+        if row["ranks"] == 1 and not self.args.no_turns:
+            for i in range(self.repeats_for(row)):
+                outs = {side: os.path.join(rdir, f"{side}{i}") for side in ("lt", "peer")}
+                self.run_pair_in_turns(row, i, outs, config_json, init, check_config)
+                for side in ("lt", "peer"):
+                    res[side].append(self.steps(outs[side]))
+                    usage[side].append(self.pair_usage[side])
+        else:
+            order = []
+            for _ in range(self.repeats_for(row)):
+                order += ["lt", "peer"] if len(order) % 4 == 0 else ["peer", "lt"]
+            for i, side in enumerate(order):
+                out = os.path.join(rdir, f"{side}{i}")
+                if side == "lt":
+                    self.run_leantrain(row, out)
+                    check_config(out)
+                else:
+                    self.run_peer(row, out, config_json, init)
+                res[side].append(self.steps(out))
+                usage[side].append(self.last_usage)
+        s = self.summarise(row, res)
+        for side in usage:
+            s[side]["usage"] = usage[side]
+        return s
 
     @staticmethod
     def summarise(row: dict, res: dict) -> dict:
@@ -359,6 +487,22 @@ class Bench:
                 "baseline": mib("baseline: fwrite + fflush + fsync"), "peer_name": "fwrite + fsync"}
 
 
+def usage_now() -> Dict[str, float]:
+    """What the finished children used (CPU seconds, page faults, context switches) and the VM's
+    steal time so far: per-run differences go to details.json, to tell a slow run's cause
+    (another tenant's steal, faults, preemption) from the code's."""
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = {"user_s": u.ru_utime, "sys_s": u.ru_stime, "minflt": u.ru_minflt, "majflt": u.ru_majflt,
+           "nvcsw": u.ru_nvcsw, "nivcsw": u.ru_nivcsw, "steal_s": 0.0}
+    try:
+        with open("/proc/stat") as fh:
+            f = fh.readline().split()
+        out["steal_s"] = int(f[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        pass
+    return out
+
+
 def commit_label() -> str:
     def git(*a):
         return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -423,6 +567,8 @@ def main(argv) -> int:
                     help="pairs of runs per side per row (alternating A B B A); default 2, more for the rows "
                          "the scale names (Note [More runs for the parity rows])")
     ap.add_argument("--no-extra", action="store_true", help="skip the collective and checkpoint rows")
+    ap.add_argument("--no-turns", action="store_true", help="1-rank rows too as whole runs one after the other "
+                    "(A B B A), not side by side taking turns step by step (Note [Taking turns])")
     ap.add_argument("--keep", action="store_true", help="keep OUT/runs/")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
     args = ap.parse_args(argv)

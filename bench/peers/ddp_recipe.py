@@ -103,6 +103,39 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+class StepTurns:
+    """Note [Taking turns] (trainers/include/leantrain/trainers/turns.h), the same protocol as
+    leantrain's: LEANTRAIN_BENCH_TURNS=GO:DONE names two FIFOs the harness holds open; one byte
+    read from GO before each step, one written to DONE after it, one more read from GO before
+    the teardown. A vanished harness (end of file, broken pipe) ends the turns, not the run."""
+
+    def __init__(self, spec: str):
+        self.go = self.done = None
+        if not spec:
+            return
+        go, sep, done = spec.partition(":")
+        if not sep or not go or not done:
+            usage_error(f"LEANTRAIN_BENCH_TURNS = '{spec}': expected GO_FIFO:DONE_FIFO (two paths)")
+        self.go = os.open(go, os.O_RDONLY)
+        self.done = os.open(done, os.O_WRONLY | os.O_NONBLOCK)
+        self.held = False
+
+    def _gone(self) -> None:
+        print("peer: LEANTRAIN_BENCH_TURNS: the harness went away; going on without turns", file=sys.stderr)
+        self.go = self.done = None
+
+    def wait(self) -> None:
+        if self.go is not None and self.held:
+            try:
+                os.write(self.done, b"d")
+            except OSError:
+                return self._gone()
+        if self.go is not None:
+            if os.read(self.go, 1) != b"g":
+                return self._gone()
+            self.held = True
+
+
 def main(argv) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="leantrain's resolved config.json")
@@ -184,7 +217,11 @@ def main(argv) -> int:
               f" ({n_ckpt} blocks), global batch {t['global_batch']} = {world} x {micro} x {accum}, {total} steps",
               file=sys.stderr)
     perm, perm_epoch = None, -1
+    turns = StepTurns(os.environ.get("LEANTRAIN_BENCH_TURNS", ""))
+    if turns.go is not None and world > 1:
+        usage_error("LEANTRAIN_BENCH_TURNS is for one-process runs")
     for step in range(total):
+        turns.wait()  # hands the previous step's turn back, then waits for this one
         epoch, k = divmod(step, steps_per_epoch)
         if epoch != perm_epoch:
             perm, perm_epoch = lt_data.epoch_permutation(data.size, seed, epoch), epoch
@@ -229,6 +266,7 @@ def main(argv) -> int:
                   "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if use_cuda else None}
             metrics.write(json.dumps(ev) + "\n")
             metrics.flush()
+    turns.wait()  # the exit turn
     if metrics:
         metrics.close()
     if world > 1:

@@ -25,6 +25,7 @@
 #include "leantrain/trainers/precision.h"
 #include "leantrain/trainers/progress.h"
 #include "leantrain/trainers/schedule.h"
+#include "leantrain/trainers/turns.h"
 
 namespace lt::trainers {
 namespace {
@@ -358,8 +359,17 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   // writing) may be slow on one rank: those run under comm.startup_timeout_s; every other
   // step under comm.timeout_s, so a dead or stuck peer is noticed in seconds, not hours.
   bool generous_step = true;
+  // Note [Taking turns] (turns.h): a benchmark harness may hand out the steps one at a time.
+  StepTurns turns = StepTurns::from_env();
+  bool turn_held = false;
+  if (turns.enabled() && world > 1)
+    throw ConfigError("LEANTRAIN_BENCH_TURNS is for one-process runs (this run has " + std::to_string(world) +
+                      " ranks)");
 
   for (int64_t step = start_step; step < total_steps; ++step) {
+    if (turn_held) turns.end_turn();  // the previous step's turn, after all its work
+    turns.wait_turn();
+    turn_held = true;
     const int64_t epoch = step / steps_per_epoch;
     const int64_t k = step % steps_per_epoch;
     if (epoch != perm_epoch) {
@@ -643,6 +653,10 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       epoch_act_peak = 0;
       epoch_samples = 0;
     }
+  }
+  if (turns.enabled()) {
+    if (turn_held) turns.end_turn();
+    turns.wait_turn();  // the exit turn: the teardown stays out of the other side's steps
   }
   writer.wait();
   summary.seconds = seconds_since(run_start);
