@@ -426,11 +426,14 @@ class Bench:
             # samples/s over the timed steps (the first step of each run is warm-up: lazy
             # allocations, the optimizer state, oneDNN primitive caches): sum of samples / sum
             # of step times over all repeats.
+            # Note [Same step]: a step's time without building its samples, on both sides: the
+            # peer builds them before its step timer starts, leantrain inside its step and
+            # reports that part as data_time_s.
             samples = secs = 0.0
             for steps in runs:
                 timed = steps[1:] if len(steps) > 1 else steps
                 samples += sum(e["samples_per_s"] * e["step_time_s"] for e in timed)
-                secs += sum(e["step_time_s"] for e in timed)
+                secs += sum(e["step_time_s"] - e.get("data_time_s", 0.0) for e in timed)
             s[side] = {
                 "samples_per_s": samples / secs,
                 "peak_rss_bytes": max(max(e.get("peak_rss_bytes") or 0 for e in steps) for steps in runs),
@@ -438,6 +441,7 @@ class Bench:
                 "final_loss_runs": [steps[-1]["loss"] for steps in runs],
                 "losses": [e["loss"] for e in runs[0]],
                 "step_time_s": [[round(e["step_time_s"], 4) for e in steps] for steps in runs],
+                "data_time_s": [[round(e.get("data_time_s", 0.0), 4) for e in steps] for steps in runs],
             }
         lt, pe = s["lt"], s["peer"]
         s["sps_ratio"] = lt["samples_per_s"] / pe["samples_per_s"]

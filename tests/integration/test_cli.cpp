@@ -102,6 +102,10 @@ TEST_F(Cli, TrainsAndWritesMetrics) {
         ASSERT_TRUE(j.contains(k) && j[k].is_number()) << k << " in " << line;
       EXPECT_GT(j["peak_mem_bytes"].get<int64_t>(), 0);
       EXPECT_GT(j["samples_per_s"].get<double>(), 0);
+      // Building the step's samples is part of the step, and only part of it.
+      ASSERT_TRUE(j.contains("data_time_s") && j["data_time_s"].is_number()) << line;
+      EXPECT_GT(j["data_time_s"].get<double>(), 0);
+      EXPECT_LT(j["data_time_s"].get<double>(), j["step_time_s"].get<double>());
       losses.push_back(j["loss"].get<double>());
     } else if (j["event"] == "epoch") {
       ++epochs;

@@ -415,7 +415,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     // sample is lost or counted twice.
     torch::Tensor loss_sum;
     int64_t tokens = 0, calls_in_microbatches = 0, grad_allreduce_calls = 0;
-    double comm_time = 0, comm_exposed = 0, loss_val = 0;
+    double comm_time = 0, comm_exposed = 0, loss_val = 0, data_time = 0;
     bool stop = false;
     for (int attempt = 0;; ++attempt) {
       loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
@@ -426,7 +426,9 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
       try {
         for (int64_t j = 0; j < accum; ++j) {
           auto idx = data::micro_batch_indices(perm, k, micro, accum, world, rank, j);
+          const auto d0 = Clock::now();
           auto batch = data.train->get(idx, epoch);
+          data_time += seconds_since(d0);
           tokens += batch.tokens;
           torch::manual_seed(micro_seed(cfg.data.seed, step, rank, j));
           torch::Tensor loss;
@@ -555,7 +557,8 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
     MetricFields f = {{"step", step + 1},          {"epoch", epoch},
                       {"loss", loss_val},          {"lr", lr},
                       {"loss_scale", scale_used},         {"samples_per_s", sps},
-                      {"step_time_s", step_time},  {"comm_time_s", comm_time},
+                      {"step_time_s", step_time},  {"data_time_s", data_time},
+                      {"comm_time_s", comm_time},
                       {"comm_exposed_s", comm_exposed},
                       {"comm_calls_in_microbatches", calls_in_microbatches},
                       {"grad_allreduce_calls", grad_allreduce_calls},
