@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -171,13 +171,16 @@ class Bench:
         self.log.write(line + "\n")
         self.log.flush()
 
-    def run(self, cmd: List[str], what: str, env: Optional[dict] = None, timeout: int = 1800) -> str:
-        e = dict(os.environ)
-        for k in list(e):
-            if k.startswith("LEANTRAIN_FAULT"):
-                del e[k]
+    @staticmethod
+    def child_env(env: Optional[dict] = None) -> dict:
+        """A measured process's environment: no injected faults, the repo's Python tools, env."""
+        e = {k: v for k, v in os.environ.items() if not k.startswith("LEANTRAIN_FAULT")}
         e["PYTHONPATH"] = os.path.join(ROOT, "tools")
         e.update(env or {})
+        return e
+
+    def run(self, cmd: List[str], what: str, env: Optional[dict] = None, timeout: int = 1800) -> str:
+        e = self.child_env(env)
         t = time.time()
         before = usage_now()
         r = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
@@ -231,7 +234,7 @@ class Bench:
         with open(os.path.join(d, "config.json")) as fh:
             return ckpt, json.load(fh)
 
-    def lt_cmd(self, row: dict, out: str) -> (List[str], str):
+    def lt_cmd(self, row: dict, out: str) -> Tuple[List[str], str]:
         """(leantrain's command for a run of the row into out, its checkpoint directory)."""
         shutil.rmtree(out, ignore_errors=True)
         # The final checkpoint (written after the last step event, so outside what is measured)
@@ -286,11 +289,7 @@ class Bench:
             # Held read-write here, so the child's opens never block and its reads see end of
             # file only when this process is gone.
             fds[side] = (os.open(go, os.O_RDWR), os.open(done, os.O_RDWR | os.O_NONBLOCK))
-            e = dict(os.environ)
-            for k in list(e):
-                if k.startswith("LEANTRAIN_FAULT"):
-                    del e[k]
-            e.update({"PYTHONPATH": os.path.join(ROOT, "tools"), "LEANTRAIN_BENCH_TURNS": f"{go}:{done}"})
+            e = self.child_env({"LEANTRAIN_BENCH_TURNS": f"{go}:{done}"})
             logs[side] = open(os.path.join(tmp, side + ".log"), "w+")
             self.log.write(f"$ LEANTRAIN_BENCH_TURNS=... {' '.join(cmd)}\n")
             procs[side] = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=logs[side], stderr=subprocess.STDOUT)
@@ -303,8 +302,7 @@ class Bench:
             if pid == 0:
                 return False
             procs[side].returncode = os.waitstatus_to_exitcode(status)
-            usage[side] = {"user_s": round(ru.ru_utime, 3), "sys_s": round(ru.ru_stime, 3), "minflt": ru.ru_minflt,
-                           "majflt": ru.ru_majflt, "nvcsw": ru.ru_nvcsw, "nivcsw": ru.ru_nivcsw}
+            usage[side] = {k: round(v, 3) for k, v in rusage_fields(ru).items()}
             if procs[side].returncode != 0:
                 logs[side].seek(0)
                 tail = logs[side].read()[-3000:]
@@ -491,13 +489,17 @@ class Bench:
                 "baseline": mib("baseline: fwrite + fflush + fsync"), "peer_name": "fwrite + fsync"}
 
 
+def rusage_fields(u) -> Dict[str, float]:
+    return {"user_s": u.ru_utime, "sys_s": u.ru_stime, "minflt": u.ru_minflt, "majflt": u.ru_majflt,
+            "nvcsw": u.ru_nvcsw, "nivcsw": u.ru_nivcsw}
+
+
 def usage_now() -> Dict[str, float]:
     """What the finished children used (CPU seconds, page faults, context switches) and the VM's
     steal time so far: per-run differences go to details.json, to tell a slow run's cause
     (another tenant's steal, faults, preemption) from the code's."""
-    u = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = {"user_s": u.ru_utime, "sys_s": u.ru_stime, "minflt": u.ru_minflt, "majflt": u.ru_majflt,
-           "nvcsw": u.ru_nvcsw, "nivcsw": u.ru_nivcsw, "steal_s": 0.0}
+    out = rusage_fields(resource.getrusage(resource.RUSAGE_CHILDREN))
+    out["steal_s"] = 0.0
     try:
         with open("/proc/stat") as fh:
             f = fh.readline().split()

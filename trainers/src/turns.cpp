@@ -59,30 +59,32 @@ void StepTurns::close_all() {
   go_ = done_ = -1;
 }
 
-void StepTurns::wait_turn() {
-  if (!enabled()) return;
-  char c = 0;
+namespace {
+// One byte through a FIFO, retried on EINTR; false when the harness is gone (end of file on
+// GO, EPIPE on DONE).
+template <typename Io>
+bool one_byte(Io io) {
   ssize_t n;
   do {
-    n = ::read(go_, &c, 1);
+    n = io();
   } while (n < 0 && errno == EINTR);
-  if (n != 1) {
-    log::warn("LEANTRAIN_BENCH_TURNS: the harness went away; going on without turns");
-    close_all();
-  }
+  return n == 1;
+}
+}  // namespace
+
+void StepTurns::harness_gone() {
+  log::warn("LEANTRAIN_BENCH_TURNS: the harness went away; going on without turns");
+  close_all();
+}
+
+void StepTurns::wait_turn() {
+  char c = 0;
+  if (enabled() && !one_byte([&] { return ::read(go_, &c, 1); })) harness_gone();
 }
 
 void StepTurns::end_turn() {
-  if (!enabled()) return;
   const char c = 'd';
-  ssize_t n;
-  do {
-    n = ::write(done_, &c, 1);
-  } while (n < 0 && errno == EINTR);
-  if (n != 1) {
-    log::warn("LEANTRAIN_BENCH_TURNS: the harness went away; going on without turns");
-    close_all();
-  }
+  if (enabled() && !one_byte([&] { return ::write(done_, &c, 1); })) harness_gone();
 }
 
 }  // namespace lt::trainers

@@ -32,6 +32,7 @@ class StepTurns {
 
  private:
   void close_all();
+  void harness_gone();  // warns, then runs on without turns
   int go_ = -1, done_ = -1;
 };
 
