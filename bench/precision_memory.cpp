@@ -99,19 +99,35 @@ Row measure(const lt::ModelConfig& cfg, const std::string& precision, const std:
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model") o.model = v;
-    else if (k == "--steps") o.steps = std::stoi(v);
-    else if (k == "--micro") o.micro = std::stoi(v);
-    else if (k == "--seq") o.seq = std::stoi(v);
-    else if (k == "--layers") o.layers = std::stoi(v);
-    else if (k == "--image") o.image = std::stoi(v);
-    else if (k == "--out") o.out = v;
-    else if (k == "--precisions") o.precisions = split(v);
-    else if (k == "--policies") o.policies = split(v);
-    else {
-      std::cerr << "unknown option " << k << "\n";
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::cout << "usage: leantrain_bench_memory [--model gpt|resnet50|all] [--precisions fp32,bf16]\n"
+                   "       [--policies none,selective,full] [--steps N] [--micro N] [--seq N] [--layers N]\n"
+                   "       [--image N] [--out FILE.md]\n";
+      return 0;
+    }
+    if (i + 1 == argc) {
+      std::cerr << "option " << k << " needs a value (--help lists them)\n";
+      return 2;
+    }
+    const std::string v = argv[i + 1];
+    try {
+      if (k == "--model") o.model = v;
+      else if (k == "--steps") o.steps = std::stoi(v);
+      else if (k == "--micro") o.micro = std::stoi(v);
+      else if (k == "--seq") o.seq = std::stoi(v);
+      else if (k == "--layers") o.layers = std::stoi(v);
+      else if (k == "--image") o.image = std::stoi(v);
+      else if (k == "--out") o.out = v;
+      else if (k == "--precisions") o.precisions = split(v);
+      else if (k == "--policies") o.policies = split(v);
+      else {
+        std::cerr << "unknown option " << k << " (--help lists them)\n";
+        return 2;
+      }
+    } catch (const std::exception&) {
+      std::cerr << k << " " << v << ": not a number\n";
       return 2;
     }
   }
@@ -138,6 +154,10 @@ int main(int argc, char** argv) {
     r.image_size = o.image;
     r.num_classes = 1000;
     models.push_back(r);
+  }
+  if (models.empty()) {
+    std::cerr << "--model " << o.model << ": must be gpt, resnet50 or all\n";
+    return 2;
   }
   std::ostringstream md;
   md << "| model | precision | checkpoint | activations | vs fp32/none | step s | vs none (same precision) |\n"

@@ -2,6 +2,10 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/Context.h>
+
+#include <optional>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/torch.h>
 
 #include "leantrain/models/attention.h"
@@ -25,7 +29,11 @@ namespace {
 struct Recompute : torch::CustomClassHolder {
   RecomputeFn fn;
   std::vector<torch::nn::Module*> buffers_of;
-  size_t n_inputs = 0;
+  size_t n_inputs = 0, n_params = 0;
+  // A packed input (Note [Packed block inputs]): handed to forward here, then saved there.
+  std::optional<PackedTensor> pack;
+  bool packed = false;
+  bool packed_requires_grad = false;
   at::Tensor cpu_rng;
   std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda_rng;
   bool ac_cpu = false, ac_cuda = false;
@@ -64,13 +72,35 @@ void restore_buffers(const Recompute& rc, const std::vector<at::Tensor>& snapsho
     for (auto& b : m->buffers()) b.copy_(snapshot[i++]);
 }
 
+// autograd::grad(out, targets, grad) that lets go of `out` first: a rerun's output is rarely
+// saved by its own graph (a BatchNorm's or a residual sum's is not), so it need not live
+// while the graph is differentiated — in a ResNet-50 bottleneck at 56x56 that is 24.5 MiB.
+// What autograd::grad does, minus its hold on the outputs.
+torch::autograd::variable_list grad_without_output(at::Tensor out, const at::Tensor& grad,
+                                                   const std::vector<at::Tensor>& targets) {
+  torch::autograd::edge_list roots{torch::autograd::impl::gradient_edge(out)};
+  out.reset();
+  torch::autograd::edge_list wanted;
+  for (const auto& t : targets) {
+    auto fn = t.grad_fn() ? t.grad_fn() : torch::autograd::impl::try_get_grad_accumulator(t);
+    if (fn) {
+      wanted.emplace_back(std::move(fn), t.output_nr());
+    } else {
+      wanted.emplace_back(std::make_shared<torch::autograd::Identity>(), 0);  // not in the graph: unused
+    }
+  }
+  return torch::autograd::Engine::get_default_engine().execute(roots, {grad}, /*keep_graph=*/false,
+                                                               /*create_graph=*/false,
+                                                               /*accumulate_grad=*/false, wanted);
+}
+
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 at::TensorList inputs, at::TensorList params,
                                                 c10::intrusive_ptr<Recompute> rc) {
-    (void)params;
     rc->n_inputs = inputs.size();
+    rc->n_params = params.size();
     rc->cpu_rng = cpu_generator().get_state();
     for (int d = 0; d < cuda_generators(); ++d) {
       const auto idx = static_cast<c10::DeviceIndex>(d);
@@ -82,8 +112,29 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     rc->ac_cpu_dtype = ac.cpu_dtype;
     rc->ac_cuda_dtype = ac.cuda_dtype;
     std::vector<at::Tensor> in(inputs.begin(), inputs.end());
-    at::Tensor out = rc->fn(in);
-    std::vector<at::Tensor> to_save(inputs.begin(), inputs.end());
+    at::Tensor out;
+    {
+      // Autocast's cast cache would keep a low-precision copy of every weight fn reads until
+      // the outermost autocast region ends, though nothing here saves them: the rerun casts
+      // again, and one forward reads each weight once.
+      const bool cache = at::autocast::is_autocast_cache_enabled();
+      at::autocast::set_autocast_cache_enabled(false);
+      try {
+        out = rc->fn(in);
+      } catch (...) {
+        at::autocast::set_autocast_cache_enabled(cache);
+        throw;
+      }
+      at::autocast::set_autocast_cache_enabled(cache);
+    }
+    std::vector<at::Tensor> to_save;
+    if (rc->pack) {
+      TORCH_CHECK(inputs.size() == 1, "checkpoint: a packed unit has one input");
+      rc->packed = true;
+      rc->packed_requires_grad = inputs[0].requires_grad();
+    } else {
+      to_save.assign(inputs.begin(), inputs.end());
+    }
     to_save.insert(to_save.end(), params.begin(), params.end());
     ctx->save_for_backward(to_save);
     ctx->saved_data["recompute"] = c10::IValue::make_capsule(rc);
@@ -96,19 +147,26 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     const auto saved = ctx->get_saved_variables();
     std::vector<at::Tensor> inputs, grad_targets;
     std::vector<size_t> target_slot;  // position in the returned gradient list
+    const bool packed = rc->packed;
+    const size_t first_param = packed ? 0 : rc->n_inputs;  // in `saved`
+    if (packed)
+      TORCH_CHECK(rc->pack, "checkpoint: a unit with a packed input was differentiated twice (its input is "
+                            "released by the first backward)");
     for (size_t i = 0; i < rc->n_inputs; ++i) {
-      auto x = saved[i].detach();
-      if (saved[i].requires_grad()) {
+      auto x = packed ? unpack_tensor(*rc->pack).detach() : saved[i].detach();
+      if (packed ? rc->packed_requires_grad : saved[i].requires_grad()) {
         x.requires_grad_(true);
         grad_targets.push_back(x);
         target_slot.push_back(i);
       }
       inputs.push_back(x);
     }
-    for (size_t i = rc->n_inputs; i < saved.size(); ++i)
+    // This unit's hold on the packed input ends here (the last unit sharing it frees it).
+    if (packed) rc->pack.reset();
+    for (size_t i = first_param; i < saved.size(); ++i)
       if (saved[i].requires_grad()) {
         grad_targets.push_back(saved[i]);
-        target_slot.push_back(i);
+        target_slot.push_back(rc->n_inputs + (i - first_param));
       }
 
     // Snapshot what the rerun disturbs: RNG, autocast state, buffers.
@@ -155,10 +213,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     for (size_t i = 0; i < rc->cuda_rng.size(); ++i)
       cuda_generator(rc->cuda_rng[i].first).set_state(cuda_rng_now[i]);
 
-    torch::autograd::variable_list grads(saved.size() + 1);  // + the Recompute argument
+    torch::autograd::variable_list grads(rc->n_inputs + rc->n_params + 1);  // + the Recompute argument
     if (!grad_targets.empty() && out.requires_grad()) {
-      auto g = torch::autograd::grad({out}, grad_targets, {grad_out[0]}, /*retain_graph=*/false,
-                                     /*create_graph=*/false, /*allow_unused=*/true);
+      auto g = grad_without_output(std::move(out), grad_out[0], grad_targets);
       for (size_t i = 0; i < g.size(); ++i) grads[target_slot[i]] = g[i];
     }
     // After the rerun's graph is consumed: BatchNorm saved its running stats as inputs, so
@@ -184,6 +241,16 @@ torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& input
   rc->fn = std::move(fn);
   rc->buffers_of = buffers_of;
   return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(params), rc)[0];
+}
+
+torch::Tensor checkpoint(RecomputeFn fn, const torch::Tensor& x, const PackedTensor& packed,
+                         const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
+  if (!torch::GradMode::is_enabled()) return fn({x});
+  auto rc = c10::make_intrusive<Recompute>();
+  rc->fn = std::move(fn);
+  rc->buffers_of = buffers_of;
+  rc->pack = packed;
+  return CheckpointFunction::apply(at::TensorList(x), at::TensorList(params), rc)[0];
 }
 
 torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
@@ -272,11 +339,14 @@ namespace {
 // (for a 56x56x256 block, 2 x 25.7 MB) on top of the rerun's own activations. So:
 //  - the stem (conv, BN, ReLU, max-pool) is a unit of its own: only the image is kept;
 //  - a block is split into two units, the residual branch (convs and BNs up to the sum) and
-//    the downsample shortcut, with the sum and the final ReLU outside them. The ReLU's saved
-//    output is the next block's input, which a checkpoint keeps anyway, so nothing is added
-//    to what forward keeps; the ReLU's backward runs before the rerun and frees the block's
-//    output gradient; and the sum and ReLU are not recomputed. The same ops run in the same
-//    order as the plain block, so fp32 gradients stay bitwise equal.
+//    the downsample shortcut, with the sum and the final ReLU outside them. The ReLU keeps
+//    one bit per element (mask_relu), and both units keep the block input packed, as its
+//    nonzero values and those bits (Note [Packed block inputs], Note [Shared ReLU bits]);
+//    the ReLU's backward runs before the rerun and frees the block's output gradient; and
+//    the sum and ReLU are not recomputed. The same ops run in the same order as the plain
+//    block, so fp32 gradients stay bitwise equal.
+//  - a rerun's output is let go before its graph is differentiated (grad_without_output):
+//    neither a BatchNorm nor the sum saves it.
 // Coarser units (segments of several blocks, as torch.utils.checkpoint_sequential) were
 // measured and are worse here: each saves one input less but its rerun holds several blocks'
 // activations while the inputs of all earlier units are still kept (docs/BENCH_PRECISION_MEMORY.md).

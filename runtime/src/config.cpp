@@ -42,6 +42,7 @@ std::vector<Field> fields_of(Config& c) {
       {"model", "dropout", &m.dropout}, {"model", "depth", &m.depth},
       {"model", "layers", &m.layers}, {"model", "block", &m.block},
       {"model", "width", &m.width}, {"model", "stem", &m.stem},
+      {"model", "memory_format", &m.memory_format},
       {"model", "in_channels", &m.in_channels}, {"model", "image_size", &m.image_size},
       {"model", "num_classes", &m.num_classes}, {"model", "hidden", &m.hidden},
       {"data", "kind", &d.kind}, {"data", "path", &d.path}, {"data", "seed", &d.seed},
@@ -305,6 +306,7 @@ void validate(const Config& c, int world_size) {
         "must be divisible by model.n_head = " + std::to_string(m.n_head));
   one_of("model.block", m.block, {"basic", "bottleneck"});
   one_of("model.stem", m.stem, {"imagenet", "small"});
+  one_of("model.memory_format", m.memory_format, {"channels_last", "contiguous"});
   if (m.kind == "resnet" && m.depth == 0 && m.layers.empty())
     bad("model.layers", "[]", "give blocks per stage (e.g. [2, 2]) when model.depth = 0");
   for (int64_t v : m.layers) positive("model.layers[]", v);

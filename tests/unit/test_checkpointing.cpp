@@ -122,6 +122,37 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + "_" + p;
     });
 
+// Note [Channels-last ResNet]: the NHWC model checkpoints (packed inputs included) bitwise
+// equal to its own plain run, its weights and gradients stay channels-last, and it computes
+// the same function as the NCHW model up to summation order.
+TEST(Checkpoint, ChannelsLastResNetBitwiseEqualAndSameFunction) {
+  auto c = tiny("resnet_bottleneck");
+  c.memory_format = "channels_last";
+  for (const char* policy : {"full", "selective"}) {
+    SCOPED_TRACE(policy);
+    auto plain = run(c, "none"), ck = run(c, policy);
+    EXPECT_EQ(plain.loss, ck.loss);
+    for (auto& [name, g] : plain.grads) EXPECT_TRUE(torch::equal(g, ck.grads[name])) << name;
+    for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, ck.buffers[name])) << "buffer " << name;
+  }
+  auto model = lt::models::build_model(c);
+  int convs = 0;
+  for (auto& p : model->named_parameters())
+    if (p.value().dim() == 4) {
+      EXPECT_TRUE(p.value().is_contiguous(at::MemoryFormat::ChannelsLast)) << p.key();
+      ++convs;
+    }
+  EXPECT_GT(convs, 10);
+  auto cl = run(c, "full");
+  c.memory_format = "contiguous";
+  auto nchw = run(c, "full");
+  EXPECT_NEAR(cl.loss, nchw.loss, 1e-5 * std::abs(nchw.loss));
+  for (auto& [name, g] : nchw.grads) {
+    EXPECT_TRUE(cl.grads[name].is_contiguous(g.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous)) << name;
+    EXPECT_TRUE(torch::allclose(g, cl.grads[name], 1e-3, 1e-5)) << name;
+  }
+}
+
 TEST(Checkpoint, BatchNormStatisticsUpdatedOnce) {
   for (const char* kind : {"resnet", "resnet_bottleneck"})
     for (const char* policy : {"full", "selective", "every:2"}) {

@@ -43,6 +43,7 @@ MODEL_DEFAULTS: Dict[str, Any] = {
     "block": "basic",
     "width": 64,
     "stem": "imagenet",
+    "memory_format": "contiguous",
     "in_channels": 1,
     "image_size": 28,
     "num_classes": 10,
@@ -119,6 +120,8 @@ def resolve_model_config(model_cfg: Mapping[str, Any]) -> Dict[str, Any]:
         positive("width")
         if c["stem"] not in ("imagenet", "small"):
             _fail("stem", c["stem"], 'must be "imagenet" or "small"')
+        if c["memory_format"] not in ("channels_last", "contiguous"):
+            _fail("memory_format", c["memory_format"], 'must be "channels_last" or "contiguous"')
     elif kind == "mlp":
         for key in ("in_channels", "image_size", "num_classes"):
             positive(key)
@@ -452,10 +455,16 @@ class ResNet(nn.Module):
                 elif isinstance(m, nn.BatchNorm2d):
                     m.weight.fill_(1.0)
                     m.bias.zero_()
+        # Note [Channels-last ResNet] in models/src/resnet.cpp: the same layout as the C++ model.
+        self.channels_last = c["memory_format"] == "channels_last"
+        if self.channels_last:
+            self.to(memory_format=torch.channels_last)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4:
             raise ValueError(f"ResNet: expected images [B,C,H,W], got {list(x.shape)}")
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         x = self.stem(x)
         for block in self.blocks:
             x = block(x)

@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 
 #include "leantrain/models/model.h"
+#include "leantrain/models/packed_activation.h"
 
 namespace lt::models {
 
@@ -26,6 +27,12 @@ torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& input
                          torch::nn::Module* buffers_of = nullptr);
 /// The same with the buffers of several modules restored (a segment of blocks).
 torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+                         const std::vector<torch::Tensor>& params,
+                         const std::vector<torch::nn::Module*>& buffers_of);
+/// The same for one input that is kept packed (`packed` = pack_tensor(x)) instead of whole,
+/// and rebuilt exactly before the rerun (Note [Packed block inputs]). Units that share an
+/// input share its packed tensors.
+torch::Tensor checkpoint(RecomputeFn fn, const torch::Tensor& x, const PackedTensor& packed,
                          const std::vector<torch::Tensor>& params,
                          const std::vector<torch::nn::Module*>& buffers_of);
 

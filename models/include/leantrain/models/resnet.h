@@ -132,6 +132,7 @@ class ResNet : public Model {
  private:
   std::vector<int64_t> stage_blocks_;
   ResNetCheckpointUnits units_;
+  bool channels_last_ = false;
 };
 
 /// Blocks per stage and block kind ("basic" | "bottleneck") for cfg (depth or layers+block).

@@ -1,0 +1,46 @@
+#pragma once
+// Lossless compact storage for tensors with many exact zeros (ReLU outputs), and a ReLU
+// that keeps one bit per element for its backward instead of its output. Together they let
+// a checkpointed ResNet keep its block inputs at a fraction of their size (Note [Packed
+// block inputs] in packed_activation.cpp).
+#include <cstdint>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace lt::models {
+
+/// A tensor kept as its nonzero elements and a bit mask of where they are, in the order the
+/// elements lie in memory (so any dense layout, channels-last included, packs without a
+/// copy); or, when packing would not be smaller, as itself (`bits` undefined, `values` the
+/// tensor).
+struct PackedTensor {
+  at::Tensor bits;    // uint8 [ceil(numel / 8)]: bit j of byte i is "element 8i + j in memory order != 0"
+  at::Tensor values;  // the nonzero elements in memory order (1-D), or the tensor itself
+  std::vector<int64_t> sizes, strides;  // of the packed tensor, which unpacking gives back
+};
+
+/// Packs x (no autograd history is recorded). unpack_tensor(pack_tensor(x)) has x's sizes
+/// and, for a dense x, its strides; it equals x bitwise, except that a -0.0 comes back as
+/// +0.0 (which no convolution, sum or product can tell apart from +0.0 but by its sign).
+PackedTensor pack_tensor(const at::Tensor& x);
+at::Tensor unpack_tensor(const PackedTensor& p);
+
+/// Bytes a PackedTensor holds.
+int64_t packed_bytes(const PackedTensor& p);
+
+/// One bit per element of a dense tensor, in memory order: set where the element is not
+/// zero (a NaN is not zero; -0.0 is). Bit j of byte i is element 8i + j.
+at::Tensor nonzero_bits(const at::Tensor& x);
+
+/// torch::relu(x) whose backward keeps one bit per element (where the output is not <= 0)
+/// rather than the output itself: gradients equal relu's bitwise.
+at::Tensor mask_relu(const at::Tensor& x);
+
+/// Whether the CPU kernels above use AVX-512 (detected at startup: AVX-512 F, BW and VBMI2);
+/// set_packing_vector_kernels(false) makes them use the portable loops (tests compare the
+/// two). Returns the previous setting.
+bool packing_vector_kernels();
+bool set_packing_vector_kernels(bool on);
+
+}  // namespace lt::models

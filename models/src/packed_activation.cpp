@@ -1,0 +1,459 @@
+#include "leantrain/models/packed_activation.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cstring>
+#include <immintrin.h>
+
+namespace lt::models {
+
+// Note [Packed block inputs]
+// A checkpointed ResNet keeps one tensor per block: its input, the previous block's ReLU
+// output (Note [ResNet checkpoint units]). At ResNet-50's size those inputs alone are
+// 0.26x of the whole un-checkpointed activation memory, so `full` could not reach 0.25x
+// however small its reruns. ReLU outputs are exactly zero in a third to a half of their
+// elements, so each split block keeps its input as the nonzero values plus one bit per
+// element (pack_tensor) and rebuilds it exactly before the rerun; a tensor where that
+// would not be smaller (the stem's max-pool output is nearly dense) is kept as it is. For
+// that to free anything, nothing else may hold the full tensor: the ReLU after the
+// residual sum, whose autograd node would save its output, is mask_relu, which saves one
+// bit per element instead. Packing and unpacking copy bit patterns exactly (only -0.0
+// becomes +0.0, which no convolution can tell apart), so fp32 gradients stay bitwise equal.
+// This is "sparse storage, dense compute" of Gist (Jain et al., ISCA 2018), without its
+// lossy encodings.
+//
+// The work is in memory order, so a channels-last tensor packs and unpacks as it lies. On
+// the CPU each pass is a parallel loop over chunks of 32768 elements: the first writes the
+// bits and counts each chunk's nonzeros, which gives each chunk's first position in
+// `values`; the second moves the values. With AVX-512 (F, BW, VBMI2) a vector compresses
+// or expands 16 fp32 or 32 bf16/fp16 elements under its 16- or 32-bit piece of the mask
+// (vpcompress/vpexpand), so both passes run at memory speed (8-10x the portable loops
+// measured on a [8, 256, 56, 56] tensor). The portable loops move only the set bits of
+// each byte. Zero is tested on the bit pattern without its sign bit, which is "x != 0" for
+// IEEE floats, NaN included. On other devices the same layout is built from masked_select
+// and masked_scatter_ (unoptimized: one host sync per tensor for its count).
+
+namespace {
+
+constexpr int64_t kChunk = 1 << 15;  // elements per parallel chunk; a multiple of every vector width
+
+std::atomic<bool>& vector_kernels_flag() {
+  static std::atomic<bool> on{__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                              __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("popcnt")};
+  return on;
+}
+
+template <typename U>
+constexpr U magnitude_mask() {
+  return static_cast<U>(~(U(1) << (8 * sizeof(U) - 1)));
+}
+
+int64_t chunks_of(int64_t n) { return (n + kChunk - 1) / kChunk; }
+
+// ---- portable loops, one chunk [lo, hi) each (lo a multiple of 8) ----
+
+template <typename U>
+int64_t bits_portable(const U* x, int64_t lo, int64_t hi, uint8_t* bits) {
+  int64_t count = 0;
+  for (int64_t k = lo; k < hi; k += 8) {
+    unsigned v = 0;
+    for (int64_t j = 0; j < 8 && k + j < hi; ++j) v |= static_cast<unsigned>((x[k + j] & magnitude_mask<U>()) != 0) << j;
+    bits[k >> 3] = static_cast<uint8_t>(v);
+    count += __builtin_popcount(v);
+  }
+  return count;
+}
+
+template <typename U>
+void compress_portable(const U* x, int64_t lo, int64_t hi, const uint8_t* bits, U* dst) {
+  for (int64_t k = lo; k < hi; k += 8)
+    for (unsigned b = bits[k >> 3]; b; b &= b - 1) *dst++ = x[k + __builtin_ctz(b)];
+}
+
+template <typename U>
+void expand_portable(const U* src, int64_t lo, int64_t hi, const uint8_t* bits, U* dst) {
+  std::memset(dst + lo, 0, static_cast<size_t>(hi - lo) * sizeof(U));
+  for (int64_t k = lo; k < hi; k += 8)
+    for (unsigned b = bits[k >> 3]; b; b &= b - 1) dst[k + __builtin_ctz(b)] = *src++;
+}
+
+template <typename U>
+void select_portable(const U* g, int64_t lo, int64_t hi, const uint8_t* bits, U* dst) {
+  for (int64_t k = lo; k < hi; ++k) dst[k] = g[k] & static_cast<U>(-static_cast<U>((bits[k >> 3] >> (k & 7)) & 1));
+}
+
+// ---- AVX-512: 16 lanes of 32 bits or 32 lanes of 16 bits per step ----
+
+#define LT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi2")))
+
+template <int W>
+struct Lanes;  // W = element bytes
+
+template <>
+struct Lanes<4> {
+  using Mask = __mmask16;
+  static constexpr int64_t kN = 16;
+  LT_AVX512 static Mask low(int64_t n) { return static_cast<Mask>(n >= 16 ? 0xFFFFu : (1u << n) - 1); }
+  LT_AVX512 static __m512i load(Mask m, const void* p) { return _mm512_maskz_loadu_epi32(m, p); }
+  LT_AVX512 static void store(void* p, Mask m, __m512i v) { _mm512_mask_storeu_epi32(p, m, v); }
+  LT_AVX512 static Mask nonzero(Mask m, __m512i v) {
+    return _mm512_mask_test_epi32_mask(m, v, _mm512_set1_epi32(0x7FFFFFFF));
+  }
+  LT_AVX512 static __m512i compress(Mask m, __m512i v) { return _mm512_maskz_compress_epi32(m, v); }
+  LT_AVX512 static __m512i expand(Mask m, __m512i v) { return _mm512_maskz_expand_epi32(m, v); }
+  LT_AVX512 static __m512i keep(Mask m, __m512i v) { return _mm512_maskz_mov_epi32(m, v); }
+  LT_AVX512 static int count(Mask m) { return _mm_popcnt_u32(m); }
+};
+
+template <>
+struct Lanes<2> {
+  using Mask = __mmask32;
+  static constexpr int64_t kN = 32;
+  LT_AVX512 static Mask low(int64_t n) { return n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1; }
+  LT_AVX512 static __m512i load(Mask m, const void* p) { return _mm512_maskz_loadu_epi16(m, p); }
+  LT_AVX512 static void store(void* p, Mask m, __m512i v) { _mm512_mask_storeu_epi16(p, m, v); }
+  LT_AVX512 static Mask nonzero(Mask m, __m512i v) {
+    return _mm512_mask_test_epi16_mask(m, v, _mm512_set1_epi16(0x7FFF));
+  }
+  LT_AVX512 static __m512i compress(Mask m, __m512i v) { return _mm512_maskz_compress_epi16(m, v); }
+  LT_AVX512 static __m512i expand(Mask m, __m512i v) { return _mm512_maskz_expand_epi16(m, v); }
+  LT_AVX512 static __m512i keep(Mask m, __m512i v) { return _mm512_maskz_mov_epi16(m, v); }
+  LT_AVX512 static int count(Mask m) { return _mm_popcnt_u32(m); }
+};
+
+// The mask of elements [k, k + kN), read from or written to `bits` (k a multiple of 8;
+// only the bytes that cover elements below `hi` are touched).
+template <typename L>
+LT_AVX512 typename L::Mask read_mask(const uint8_t* bits, int64_t k, int64_t hi) {
+  typename L::Mask m = 0;
+  std::memcpy(&m, bits + (k >> 3), static_cast<size_t>((std::min<int64_t>(L::kN, hi - k) + 7) / 8));
+  return m;
+}
+
+template <typename L>
+LT_AVX512 void write_mask(uint8_t* bits, int64_t k, int64_t hi, typename L::Mask m) {
+  std::memcpy(bits + (k >> 3), &m, static_cast<size_t>((std::min<int64_t>(L::kN, hi - k) + 7) / 8));
+}
+
+template <int W>
+LT_AVX512 int64_t bits_avx512(const void* xv, int64_t lo, int64_t hi, uint8_t* bits) {
+  using L = Lanes<W>;
+  const char* x = static_cast<const char*>(xv);
+  int64_t count = 0;
+  for (int64_t k = lo; k < hi; k += L::kN) {
+    const auto in = L::low(hi - k);
+    const auto m = L::nonzero(in, L::load(in, x + k * W));
+    write_mask<L>(bits, k, hi, m);
+    count += L::count(m);
+  }
+  return count;
+}
+
+template <int W>
+LT_AVX512 void compress_avx512(const void* xv, int64_t lo, int64_t hi, const uint8_t* bits, void* dstv) {
+  using L = Lanes<W>;
+  const char* x = static_cast<const char*>(xv);
+  char* dst = static_cast<char*>(dstv);
+  for (int64_t k = lo; k < hi; k += L::kN) {
+    const auto m = read_mask<L>(bits, k, hi);
+    if (!m) continue;
+    const int c = L::count(m);
+    L::store(dst, L::low(c), L::compress(m, L::load(L::low(hi - k), x + k * W)));
+    dst += c * W;
+  }
+}
+
+template <int W>
+LT_AVX512 void expand_avx512(const void* srcv, int64_t lo, int64_t hi, const uint8_t* bits, void* dstv) {
+  using L = Lanes<W>;
+  const char* src = static_cast<const char*>(srcv);
+  char* dst = static_cast<char*>(dstv);
+  for (int64_t k = lo; k < hi; k += L::kN) {
+    const auto m = read_mask<L>(bits, k, hi);
+    const int c = L::count(m);
+    L::store(dst + k * W, L::low(hi - k), L::expand(m, L::load(L::low(c), src)));
+    src += c * W;
+  }
+}
+
+template <int W>
+LT_AVX512 void select_avx512(const void* gv, int64_t lo, int64_t hi, const uint8_t* bits, void* dstv) {
+  using L = Lanes<W>;
+  const char* g = static_cast<const char*>(gv);
+  char* dst = static_cast<char*>(dstv);
+  for (int64_t k = lo; k < hi; k += L::kN) {
+    const auto in = L::low(hi - k);
+    L::store(dst + k * W, in, L::keep(read_mask<L>(bits, k, hi), L::load(in, g + k * W)));
+  }
+}
+
+#undef LT_AVX512
+
+// ---- one element width, one chunk: the vector kernel where there is one, else the loop ----
+
+template <int W>
+struct Uint;
+template <>
+struct Uint<2> { using T = uint16_t; };
+template <>
+struct Uint<4> { using T = uint32_t; };
+template <>
+struct Uint<8> { using T = uint64_t; };
+
+template <int W>
+struct Kernels {
+  using U = typename Uint<W>::T;
+  static constexpr bool kVector = W == 2 || W == 4;
+  static int64_t bits(bool vec, const void* x, int64_t lo, int64_t hi, uint8_t* b) {
+    if constexpr (kVector) if (vec) return bits_avx512<W>(x, lo, hi, b);
+    return bits_portable(static_cast<const U*>(x), lo, hi, b);
+  }
+  static void compress(bool vec, const void* x, int64_t lo, int64_t hi, const uint8_t* b, void* dst) {
+    if constexpr (kVector) if (vec) return compress_avx512<W>(x, lo, hi, b, dst);
+    compress_portable(static_cast<const U*>(x), lo, hi, b, static_cast<U*>(dst));
+  }
+  static void expand(bool vec, const void* src, int64_t lo, int64_t hi, const uint8_t* b, void* dst) {
+    if constexpr (kVector) if (vec) return expand_avx512<W>(src, lo, hi, b, dst);
+    expand_portable(static_cast<const U*>(src), lo, hi, b, static_cast<U*>(dst));
+  }
+  static void select(bool vec, const void* g, int64_t lo, int64_t hi, const uint8_t* b, void* dst) {
+    if constexpr (kVector) if (vec) return select_avx512<W>(g, lo, hi, b, dst);
+    select_portable(static_cast<const U*>(g), lo, hi, b, static_cast<U*>(dst));
+  }
+};
+
+template <typename F>
+void by_width(int64_t w, F&& f) {
+  switch (w) {
+    case 2: return f(Kernels<2>{});
+    case 4: return f(Kernels<4>{});
+    case 8: return f(Kernels<8>{});
+    default: TORCH_CHECK(false, "packed activations: no kernel for ", w, "-byte elements");
+  }
+}
+
+bool packable(const at::Tensor& x) {
+  return at::isFloatingType(x.scalar_type()) && x.numel() > 0 && x.is_non_overlapping_and_dense();
+}
+
+// x's elements in memory order, as a 1-D view (x dense and non-overlapping).
+at::Tensor flat(const at::Tensor& x) { return x.as_strided({x.numel()}, {1}, x.storage_offset()); }
+
+// Bits of flat CPU tensor x and each chunk's first position among its nonzeros (the last
+// entry is the count).
+std::vector<int64_t> cpu_bits(const at::Tensor& x, uint8_t* bits) {
+  const int64_t n = x.numel();
+  std::vector<int64_t> offset(chunks_of(n) + 1, 0);
+  const bool vec = packing_vector_kernels();
+  by_width(x.element_size(), [&](auto k) {
+    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c)
+        offset[c + 1] = k.bits(vec, x.data_ptr(), c * kChunk, std::min(n, (c + 1) * kChunk), bits);
+    });
+  });
+  for (size_t c = 1; c < offset.size(); ++c) offset[c] += offset[c - 1];
+  return offset;
+}
+
+std::vector<int64_t> cpu_offsets(const uint8_t* bits, int64_t n) {
+  std::vector<int64_t> offset(chunks_of(n) + 1, 0);
+  at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      int64_t count = 0;
+      const int64_t lo = c * kChunk / 8, hi = (std::min(n, (c + 1) * kChunk) + 7) / 8;
+      int64_t i = lo;
+      for (; i + 8 <= hi; i += 8) {
+        uint64_t w;
+        std::memcpy(&w, bits + i, 8);
+        count += __builtin_popcountll(w);
+      }
+      for (; i < hi; ++i) count += __builtin_popcount(bits[i]);
+      offset[c + 1] = count;
+    }
+  });
+  for (size_t c = 1; c < offset.size(); ++c) offset[c] += offset[c - 1];
+  return offset;
+}
+
+// bool [n] <-> bits, with torch ops (any device).
+at::Tensor bool_to_bits(const at::Tensor& mask) {
+  auto m = mask.reshape(-1);
+  const int64_t n = m.numel();
+  if (n % 8) m = at::cat({m, at::zeros({8 - n % 8}, m.options())});
+  auto bytes = m.view({-1, 8}).to(at::kByte);
+  return bytes.bitwise_left_shift(at::arange(8, bytes.options())).sum(1, false, at::kByte);
+}
+
+at::Tensor bits_to_bool(const at::Tensor& bits, int64_t n) {
+  return bits.unsqueeze(1).bitwise_right_shift(at::arange(8, bits.options())).bitwise_and(1).to(at::kBool).reshape(-1).narrow(0, 0, n);
+}
+
+// Note [Shared ReLU bits]: a block input is the previous block's mask_relu output, whose
+// backward keeps exactly the bits pack_tensor would compute (a ReLU output is nonzero where
+// it is not <= 0). mask_relu leaves its output and bits here, and pack_tensor of that same
+// tensor, not modified since (same version), takes them instead of computing a second copy:
+// one pass and 1/32 of an fp32 tensor (1/16 of a bf16 one) less per block. One entry per
+// thread; it holds the output only weakly.
+struct LastReluBits {
+  c10::weak_intrusive_ptr<c10::TensorImpl> out{c10::intrusive_ptr<c10::TensorImpl>()};
+  int64_t version = 0;
+  at::Tensor bits;
+};
+
+LastReluBits& last_relu_bits() {
+  thread_local LastReluBits last;
+  return last;
+}
+
+at::Tensor shared_bits_of(const at::Tensor& x) {
+  auto& last = last_relu_bits();
+  if (!last.bits.defined() || last.out.lock().get() != x.unsafeGetTensorImpl() || x._version() != last.version)
+    return at::Tensor();
+  return last.bits;
+}
+
+}  // namespace
+
+bool packing_vector_kernels() { return vector_kernels_flag().load(std::memory_order_relaxed); }
+
+bool set_packing_vector_kernels(bool on) {
+  static const bool available = vector_kernels_flag().load();
+  return vector_kernels_flag().exchange(on && available);
+}
+
+at::Tensor nonzero_bits(const at::Tensor& x) {
+  TORCH_CHECK(packable(x), "nonzero_bits: expected a dense floating-point tensor, got ", x.scalar_type(), " ",
+              x.sizes(), " with strides ", x.strides());
+  at::NoGradGuard no_grad;
+  const int64_t n = x.numel();
+  if (!x.device().is_cpu()) return bool_to_bits(flat(x) != 0);
+  auto bits = at::empty({(n + 7) / 8}, x.options().dtype(at::kByte));
+  cpu_bits(flat(x), bits.data_ptr<uint8_t>());
+  return bits;
+}
+
+PackedTensor pack_tensor(const at::Tensor& x_in) {
+  at::NoGradGuard no_grad;
+  if (!at::isFloatingType(x_in.scalar_type()) || x_in.numel() == 0) return {at::Tensor(), x_in, {}, {}};
+  const at::Tensor x = x_in.is_non_overlapping_and_dense() ? x_in : x_in.contiguous();
+  const int64_t n = x.numel(), w = x.element_size(), nbytes = (n + 7) / 8;
+  PackedTensor p{at::Tensor(), x_in, x.sizes().vec(), x.strides().vec()};
+  if (!x.device().is_cpu()) {
+    auto mask = flat(x) != 0;
+    const int64_t nnz = mask.sum().item<int64_t>();
+    if (nbytes + nnz * w >= n * w) return p;
+    p.bits = bool_to_bits(mask);
+    p.values = flat(x).masked_select(mask);
+    return p;
+  }
+  at::Tensor bits = shared_bits_of(x_in);
+  std::vector<int64_t> offset;
+  if (bits.defined()) {
+    offset = cpu_offsets(bits.data_ptr<uint8_t>(), n);
+  } else {
+    bits = at::empty({nbytes}, x.options().dtype(at::kByte));
+    offset = cpu_bits(flat(x), bits.data_ptr<uint8_t>());
+  }
+  if (nbytes + offset.back() * w >= n * w) return p;
+  p.values = at::empty({offset.back()}, x.options());
+  const bool vec = packing_vector_kernels();
+  char* dst = static_cast<char*>(p.values.data_ptr());
+  by_width(w, [&](auto k) {
+    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c)
+        k.compress(vec, x.data_ptr(), c * kChunk, std::min(n, (c + 1) * kChunk), bits.data_ptr<uint8_t>(),
+                   dst + offset[c] * w);
+    });
+  });
+  p.bits = std::move(bits);
+  return p;
+}
+
+at::Tensor unpack_tensor(const PackedTensor& p) {
+  if (!p.bits.defined()) return p.values;
+  auto out = at::empty_strided(p.sizes, p.strides, p.values.options());
+  const int64_t n = out.numel(), w = out.element_size();
+  TORCH_CHECK(p.bits.numel() == (n + 7) / 8, "unpack_tensor: ", p.bits.numel(), " mask bytes for ", n, " elements");
+  if (!out.device().is_cpu()) {
+    auto f = flat(out);
+    f.zero_();
+    f.masked_scatter_(bits_to_bool(p.bits, n), p.values);
+    return out;
+  }
+  const uint8_t* bits = p.bits.data_ptr<uint8_t>();
+  const auto offset = cpu_offsets(bits, n);
+  TORCH_CHECK(offset.back() == p.values.numel(), "unpack_tensor: the mask has ", offset.back(),
+              " nonzeros, the values ", p.values.numel());
+  const bool vec = packing_vector_kernels();
+  const char* src = static_cast<const char*>(p.values.data_ptr());
+  by_width(w, [&](auto k) {
+    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c)
+        k.expand(vec, src + offset[c] * w, c * kChunk, std::min(n, (c + 1) * kChunk), bits, out.data_ptr());
+    });
+  });
+  return out;
+}
+
+int64_t packed_bytes(const PackedTensor& p) {
+  return (p.bits.defined() ? static_cast<int64_t>(p.bits.nbytes()) : 0) +
+         (p.values.defined() ? static_cast<int64_t>(p.values.nbytes()) : 0);
+}
+
+namespace {
+
+class MaskRelu : public torch::autograd::Function<MaskRelu> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    auto out = at::relu(x.is_non_overlapping_and_dense() ? x : x.contiguous());
+    // relu's backward (threshold_backward) passes the gradient where the output is not
+    // <= 0: a positive value or a NaN, which is what nonzero_bits keeps of a ReLU output.
+    auto bits = nonzero_bits(out);
+    ctx->save_for_backward({bits});
+    if (out.device().is_cpu()) {
+      auto& last = last_relu_bits();
+      last.out = c10::weak_intrusive_ptr<c10::TensorImpl>(out.getIntrusivePtr());
+      last.version = out._version();
+      last.bits = bits;
+    }
+    ctx->saved_data["sizes"] = out.sizes().vec();
+    ctx->saved_data["strides"] = out.strides().vec();
+    return {out};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    const auto strides = ctx->saved_data["strides"].toIntVector();
+    const auto bits = ctx->get_saved_variables()[0];
+    at::Tensor g = grad_out[0];
+    if (g.strides() != at::IntArrayRef(strides)) g = at::empty_strided(sizes, strides, g.options()).copy_(g);
+    auto out = at::empty_strided(sizes, strides, g.options());
+    const int64_t n = out.numel();
+    if (!g.device().is_cpu()) {
+      flat(out).copy_(at::where(bits_to_bool(bits, n), flat(g), at::zeros({}, g.options())));
+      return {out};
+    }
+    const bool vec = packing_vector_kernels();
+    by_width(g.element_size(), [&](auto k) {
+      at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
+        for (int64_t c = cb; c < ce; ++c)
+          k.select(vec, g.data_ptr(), c * kChunk, std::min(n, (c + 1) * kChunk), bits.data_ptr<uint8_t>(),
+                   out.data_ptr());
+      });
+    });
+    return {out};
+  }
+};
+
+}  // namespace
+
+at::Tensor mask_relu(const at::Tensor& x) {
+  if (!torch::GradMode::is_enabled() || !x.requires_grad() || !at::isFloatingType(x.scalar_type()))
+    return at::relu(x);
+  return MaskRelu::apply(x)[0];
+}
+
+}  // namespace lt::models

@@ -1,0 +1,183 @@
+// Packed block inputs (Note [Packed block inputs]): pack/unpack is exact in every dtype and
+// layout, the AVX-512 and portable kernels agree bit for bit, mask_relu's gradients are
+// relu's, and the bits shared with mask_relu are not reused after the tensor changed.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+
+#include "leantrain/models/packed_activation.h"
+
+namespace {
+
+using lt::models::mask_relu;
+using lt::models::nonzero_bits;
+using lt::models::pack_tensor;
+using lt::models::packed_bytes;
+using lt::models::unpack_tensor;
+
+// Restores the kernel choice a test changed.
+struct KernelChoice {
+  bool before;
+  explicit KernelChoice(bool vector) : before(lt::models::set_packing_vector_kernels(vector)) {}
+  ~KernelChoice() { lt::models::set_packing_vector_kernels(before); }
+};
+
+// A ReLU-like tensor: about `zeros` of its elements exactly zero, the rest random.
+torch::Tensor sparse(at::IntArrayRef sizes, double zeros, torch::Dtype dtype, uint64_t seed) {
+  torch::manual_seed(seed);
+  auto x = torch::randn(sizes);
+  x.masked_fill_(torch::rand(sizes) < zeros, 0.0);
+  return x.to(dtype).add_(0.0);  // a value that rounds to -0.0 becomes +0.0, which packing keeps exactly
+}
+
+bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.sizes() == b.sizes() && a.strides() == b.strides() && a.scalar_type() == b.scalar_type() &&
+         torch::equal(a.contiguous().view(torch::kByte), b.contiguous().view(torch::kByte));
+}
+
+TEST(PackedActivation, RoundTripIsExactInEveryDtypeLayoutAndKernel) {
+  // Sizes that leave partial bytes, partial vectors and partial chunks (32768 elements).
+  const std::vector<std::vector<int64_t>> shapes = {{3, 5, 7, 11}, {2, 64, 24, 24}, {1, 1, 1, 13}, {70001}};
+  for (bool vector : {true, false}) {
+    KernelChoice kc(vector);
+    for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf, torch::kDouble})
+      for (const auto& shape : shapes)
+        for (bool channels_last : {false, true}) {
+          if (channels_last && shape.size() != 4) continue;
+          SCOPED_TRACE(c10::str("vector ", vector, " ", dtype, " ", at::IntArrayRef(shape), " cl ", channels_last));
+          auto x = sparse(shape, 0.5, dtype, 11);
+          if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+          const auto p = pack_tensor(x);
+          ASSERT_TRUE(p.bits.defined());
+          EXPECT_LT(packed_bytes(p), static_cast<int64_t>(x.nbytes()));
+          EXPECT_EQ(p.values.numel(), x.ne(0).sum().item<int64_t>());
+          const auto y = unpack_tensor(p);
+          EXPECT_TRUE(bitwise_equal(x, y));  // same strides too: channels-last stays channels-last
+        }
+  }
+}
+
+TEST(PackedActivation, VectorAndPortableKernelsAgree) {
+  if (!lt::models::set_packing_vector_kernels(true)) GTEST_SKIP() << "no AVX-512 (F, BW, VBMI2) on this CPU";
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    auto x = sparse({4, 33, 17, 19}, 0.4, dtype, 5);
+    lt::models::PackedTensor pv, pp;
+    torch::Tensor bv, bp;
+    {
+      KernelChoice kc(true);
+      pv = pack_tensor(x);
+      bv = nonzero_bits(x);
+    }
+    {
+      KernelChoice kc(false);
+      pp = pack_tensor(x);
+      bp = nonzero_bits(x);
+      // Unpacking what the other kernel packed gives x back.
+      EXPECT_TRUE(bitwise_equal(unpack_tensor(pv), x));
+    }
+    EXPECT_TRUE(torch::equal(pv.bits, pp.bits)) << dtype;
+    EXPECT_TRUE(torch::equal(bv, bp)) << dtype;
+    EXPECT_TRUE(torch::equal(pv.bits, bv)) << dtype;
+    EXPECT_TRUE(bitwise_equal(pv.values, pp.values)) << dtype;
+  }
+}
+
+TEST(PackedActivation, SignedZeroNaNAndInfinity) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (bool vector : {true, false}) {
+    KernelChoice kc(vector);
+    auto x = torch::tensor({0.0f, -0.0f, nan, 1.5f, 0.0f, -inf, 0.0f, 0.0f, 2.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f,
+                            0.0f, 0.0f, 0.0f, 0.0f});
+    const auto p = pack_tensor(x);
+    ASSERT_TRUE(p.bits.defined());
+    EXPECT_EQ(p.values.numel(), 4);  // NaN, 1.5, -inf, 2.0: -0.0 counts as zero
+    const auto y = unpack_tensor(p);
+    EXPECT_TRUE(std::isnan(y[2].item<float>()));
+    EXPECT_EQ(y[5].item<float>(), -inf);
+    EXPECT_FALSE(std::signbit(y[1].item<float>()));  // -0.0 comes back as +0.0
+    auto expected = x.clone();
+    expected[1] = 0.0f;
+    EXPECT_TRUE(bitwise_equal(y.nan_to_num(7.0f), expected.nan_to_num(7.0f)));
+  }
+}
+
+TEST(PackedActivation, DenseAndNonFloatTensorsAreKeptWhole) {
+  auto dense = torch::randn({64, 64}) + 10.0;  // no zeros: packing would be larger
+  const auto p = pack_tensor(dense);
+  EXPECT_FALSE(p.bits.defined());
+  EXPECT_TRUE(p.values.is_same(dense));
+  EXPECT_TRUE(unpack_tensor(p).is_same(dense));
+  auto ints = torch::zeros({100}, torch::kLong);
+  EXPECT_TRUE(unpack_tensor(pack_tensor(ints)).is_same(ints));
+  // A non-dense view packs as its contiguous copy and unpacks to equal values.
+  auto view = sparse({16, 16}, 0.7, torch::kFloat, 3).narrow(1, 2, 9);
+  EXPECT_TRUE(torch::equal(unpack_tensor(pack_tensor(view)), view));
+}
+
+TEST(PackedActivation, MaskReluGradientsEqualRelu) {
+  for (bool vector : {true, false}) {
+    KernelChoice kc(vector);
+    for (auto dtype : {torch::kFloat, torch::kBFloat16})
+      for (bool channels_last : {false, true}) {
+        SCOPED_TRACE(c10::str("vector ", vector, " ", dtype, " cl ", channels_last));
+        auto base = sparse({3, 9, 13, 7}, 0.2, dtype, 9);  // exact zeros: relu's backward passes none there
+        if (channels_last) base = base.contiguous(at::MemoryFormat::ChannelsLast);
+        auto g = torch::randn(base.sizes()).to(dtype);
+        auto a = base.clone().requires_grad_(true), b = base.clone().requires_grad_(true);
+        auto ya = torch::relu(a), yb = mask_relu(b);
+        EXPECT_TRUE(bitwise_equal(ya, yb));
+        ya.backward(g);
+        yb.backward(g);
+        EXPECT_TRUE(torch::equal(a.grad(), b.grad()));
+        EXPECT_GT(b.grad().abs().sum().item<double>(), 0);
+        // An incoming gradient in another layout is read correctly.
+        auto c = base.clone().requires_grad_(true);
+        mask_relu(c).backward(g.contiguous().permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2}));
+        EXPECT_TRUE(torch::equal(a.grad(), c.grad()));
+      }
+  }
+}
+
+// Note [Shared ReLU bits]: packing a mask_relu output takes its bits, unless the output was
+// changed in place since; then it is packed from what it holds now.
+TEST(PackedActivation, SharedReluBitsFollowTheTensorsVersion) {
+  for (bool vector : {true, false}) {
+    KernelChoice kc(vector);
+    auto x = sparse({2, 8, 9, 9}, 0.1, torch::kFloat, 4).requires_grad_(true);
+    auto out = mask_relu(x);
+    auto p = pack_tensor(out);
+    EXPECT_TRUE(torch::equal(unpack_tensor(p), out));
+    {
+      torch::NoGradGuard ng;
+      out.view(-1).narrow(0, 0, 100).zero_();  // new zeros where the bits say nonzero
+    }
+    auto q = pack_tensor(out);
+    EXPECT_TRUE(torch::equal(unpack_tensor(q), out));
+    EXPECT_EQ(q.values.numel(), out.ne(0).sum().item<int64_t>());
+    // Another tensor of the same shape never gets the ReLU's bits.
+    auto other = sparse({2, 8, 9, 9}, 0.6, torch::kFloat, 8);
+    EXPECT_TRUE(torch::equal(unpack_tensor(pack_tensor(other)), other));
+  }
+}
+
+TEST(PackedActivation, BadInputIsRefusedByName) {
+  try {
+    nonzero_bits(torch::zeros({4}, torch::kInt));
+    FAIL() << "an int tensor was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nonzero_bits: expected a dense floating-point tensor"), std::string::npos)
+        << e.what();
+  }
+  lt::models::PackedTensor p = pack_tensor(sparse({64}, 0.9, torch::kFloat, 2));
+  ASSERT_TRUE(p.bits.defined());
+  p.values = p.values.narrow(0, 0, p.values.numel() - 1);  // one value lost
+  try {
+    unpack_tensor(p);
+    FAIL() << "a truncated pack was unpacked";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unpack_tensor: the mask has"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
