@@ -26,6 +26,41 @@ namespace {
 // The parameters are a TensorList argument: LibTorch's custom Function sees tensors in a
 // TensorList as inputs, but not those in a std::vector argument.
 
+// Note [Dropout masks kept as bits]
+// A rerun must apply the dropout masks of the original forward. Restoring the RNG state and
+// drawing them again is what torch.utils.checkpoint does; on the CPU drawing is the
+// expensive part of dropout (one bernoulli_ over [8, 12, 512, 512] attention probabilities
+// takes about as long as a bf16 block's matmuls with AMX), so `selective`, which reruns the
+// attention core, paid for it once more per layer. Instead, lt::models::dropout inside a
+// checkpointed function keeps its mask as one bit per element (3 MiB for those probabilities,
+// against 96 MiB for the fp32 mask that un-checkpointed dropout saves) on the checkpoint's
+// tape, and the rerun rebuilds the same 0/1 noise from it, divides it by 1 - p and multiplies,
+// the ops torch::dropout runs after its draw, so the output is bitwise the same.
+// Nesting: the masks come from the innermost checkpoint that is replaying, else from the RNG;
+// every recording checkpoint on the stack records them, so a checkpoint that runs inside
+// another's rerun replays what that rerun used. Only the CPU: on CUDA, torch::dropout runs a
+// fused kernel (native_dropout) with its own draws, and drawing is cheap there.
+// A random op other than lt::models::dropout inside a checkpointed function still draws from
+// the restored RNG in the rerun; after a replayed dropout (which draws nothing) it would see
+// another part of the stream, so such functions must not mix the two (none of ours do).
+struct DropoutTape {
+  std::vector<at::Tensor> bits;
+  size_t next = 0;
+  bool replay = false;
+};
+
+std::vector<DropoutTape*>& dropout_tapes() {
+  thread_local std::vector<DropoutTape*> tapes;
+  return tapes;
+}
+
+struct TapeScope {
+  explicit TapeScope(DropoutTape* t) { dropout_tapes().push_back(t); }
+  ~TapeScope() { dropout_tapes().pop_back(); }
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+};
+
 struct Recompute : torch::CustomClassHolder {
   RecomputeFn fn;
   std::vector<torch::nn::Module*> buffers_of;
@@ -38,6 +73,7 @@ struct Recompute : torch::CustomClassHolder {
   std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda_rng;
   bool ac_cpu = false, ac_cuda = false;
   at::ScalarType ac_cpu_dtype = at::kBFloat16, ac_cuda_dtype = at::kHalf;
+  DropoutTape tape;  // Note [Dropout masks kept as bits]
 };
 
 struct AutocastState {
@@ -120,6 +156,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       const bool cache = at::autocast::is_autocast_cache_enabled();
       at::autocast::set_autocast_cache_enabled(false);
       try {
+        TapeScope tape(&rc->tape);
         out = rc->fn(in);
       } catch (...) {
         at::autocast::set_autocast_cache_enabled(cache);
@@ -194,7 +231,13 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       const bool autocast = rc->ac_cpu || rc->ac_cuda;
       if (autocast) at::autocast::increment_nesting();
       try {
+        rc->tape.replay = true;
+        rc->tape.next = 0;
+        TapeScope tape(&rc->tape);
         out = rc->fn(inputs);
+        TORCH_CHECK(rc->tape.next == rc->tape.bits.size(), "checkpoint: the rerun applied ", rc->tape.next,
+                    " dropout masks, its forward drew ", rc->tape.bits.size(),
+                    " (a checkpointed function must take the same path twice)");
       } catch (...) {
         // An error in the rerun (out of memory under a budget, which the trainer recovers
         // from) leaves the caller's autocast, RNG and buffers as they were.
@@ -208,6 +251,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       }
       if (autocast && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     }
+    rc->tape.bits.clear();  // the rerun's graph holds the noise it built from them
     ac_now.apply();
     cpu_generator().set_state(cpu_rng_now);
     for (size_t i = 0; i < rc->cuda_rng.size(); ++i)
@@ -241,6 +285,37 @@ torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& input
   rc->fn = std::move(fn);
   rc->buffers_of = buffers_of;
   return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(params), rc)[0];
+}
+
+torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
+  auto& tapes = dropout_tapes();
+  if (tapes.empty() || !train || !(p > 0.0 && p < 1.0) || x.numel() == 0 || !x.device().is_cpu() ||
+      !at::isFloatingType(x.scalar_type()))
+    return torch::dropout(x, p, train);
+  DropoutTape* source = nullptr;
+  for (auto it = tapes.rbegin(); it != tapes.rend() && !source; ++it)
+    if ((*it)->replay) source = *it;
+  at::Tensor noise, bits;
+  {
+    at::NoGradGuard no_grad;
+    if (source) {
+      TORCH_CHECK(source->next < source->bits.size(), "checkpoint: the rerun applies more dropout masks than its "
+                  "forward drew (", source->bits.size(), ")");
+      bits = source->bits[source->next++];
+      noise = ones_where(bits, x);  // x has the layout it had in forward, so noise too
+    } else {
+      // What torch::dropout does on the CPU (ATen's _dropout_impl): the same draw.
+      noise = at::empty_like(x);
+      noise.bernoulli_(1 - p);
+    }
+    for (auto* t : tapes)
+      if (!t->replay) {
+        if (!bits.defined()) bits = nonzero_bits(noise);
+        t->bits.push_back(bits);
+      }
+    noise.div_(1 - p);
+  }
+  return x * noise;
 }
 
 torch::Tensor checkpoint(RecomputeFn fn, const torch::Tensor& x, const PackedTensor& packed,

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "leantrain/models/activation_checkpoint.h"
 #include "leantrain/models/bert.h"
 #include "leantrain/models/gpt.h"
 #include "leantrain/models/lm_loss.h"
@@ -162,7 +163,7 @@ MLPBlockImpl::MLPBlockImpl(int64_t in, int64_t out, double dropout) : dropout_(d
 
 torch::Tensor MLPBlockImpl::forward(const torch::Tensor& x) {
   auto y = torch::relu(fc(x));
-  if (dropout_ > 0.0) y = torch::dropout(y, dropout_, is_training());
+  if (dropout_ > 0.0) y = lt::models::dropout(y, dropout_, is_training());
   return y;
 }
 

@@ -84,6 +84,11 @@ void select_portable(const U* g, int64_t lo, int64_t hi, const uint8_t* bits, U*
   for (int64_t k = lo; k < hi; ++k) dst[k] = g[k] & static_cast<U>(-static_cast<U>((bits[k >> 3] >> (k & 7)) & 1));
 }
 
+template <typename U>
+void fill_portable(U one, int64_t lo, int64_t hi, const uint8_t* bits, U* dst) {
+  for (int64_t k = lo; k < hi; ++k) dst[k] = one & static_cast<U>(-static_cast<U>((bits[k >> 3] >> (k & 7)) & 1));
+}
+
 // ---- AVX-512: 16 lanes of 32 bits or 32 lanes of 16 bits per step ----
 
 #define LT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi2")))
@@ -105,6 +110,7 @@ struct Lanes<4> {
   LT_AVX512 static __m512i expand(Mask m, __m512i v) { return _mm512_maskz_expand_epi32(m, v); }
   LT_AVX512 static __m512i keep(Mask m, __m512i v) { return _mm512_maskz_mov_epi32(m, v); }
   LT_AVX512 static int count(Mask m) { return _mm_popcnt_u32(m); }
+  LT_AVX512 static __m512i broadcast(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
 };
 
 template <>
@@ -121,6 +127,7 @@ struct Lanes<2> {
   LT_AVX512 static __m512i expand(Mask m, __m512i v) { return _mm512_maskz_expand_epi16(m, v); }
   LT_AVX512 static __m512i keep(Mask m, __m512i v) { return _mm512_maskz_mov_epi16(m, v); }
   LT_AVX512 static int count(Mask m) { return _mm_popcnt_u32(m); }
+  LT_AVX512 static __m512i broadcast(uint16_t v) { return _mm512_set1_epi16(static_cast<short>(v)); }
 };
 
 // The mask of elements [k, k + kN), read from or written to `bits` (k a multiple of 8;
@@ -189,6 +196,14 @@ LT_AVX512 void select_avx512(const void* gv, int64_t lo, int64_t hi, const uint8
   }
 }
 
+template <int W, typename U>
+LT_AVX512 void fill_avx512(U one, int64_t lo, int64_t hi, const uint8_t* bits, void* dstv) {
+  using L = Lanes<W>;
+  char* dst = static_cast<char*>(dstv);
+  const __m512i v = L::broadcast(one);
+  for (int64_t k = lo; k < hi; k += L::kN) L::store(dst + k * W, L::low(hi - k), L::keep(read_mask<L>(bits, k, hi), v));
+}
+
 #undef LT_AVX512
 
 // ---- one element width, one chunk: the vector kernel where there is one, else the loop ----
@@ -221,6 +236,10 @@ struct Kernels {
   static void select(bool vec, const void* g, int64_t lo, int64_t hi, const uint8_t* b, void* dst) {
     if constexpr (kVector) if (vec) return select_avx512<W>(g, lo, hi, b, dst);
     select_portable(static_cast<const U*>(g), lo, hi, b, static_cast<U*>(dst));
+  }
+  static void fill(bool vec, U one, int64_t lo, int64_t hi, const uint8_t* b, void* dst) {
+    if constexpr (kVector) if (vec) return fill_avx512<W>(one, lo, hi, b, dst);
+    fill_portable(one, lo, hi, b, static_cast<U*>(dst));
   }
 };
 
@@ -392,6 +411,32 @@ at::Tensor unpack_tensor(const PackedTensor& p) {
     at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c)
         k.expand(vec, src + offset[c] * w, c * kChunk, std::min(n, (c + 1) * kChunk), bits, out.data_ptr());
+    });
+  });
+  return out;
+}
+
+at::Tensor ones_where(const at::Tensor& bits, const at::Tensor& like) {
+  TORCH_CHECK(packable(like), "ones_where: expected a dense floating-point tensor, got ", like.scalar_type(), " ",
+              like.sizes(), " with strides ", like.strides());
+  at::NoGradGuard no_grad;
+  auto out = at::empty_like(like);
+  const int64_t n = out.numel();
+  TORCH_CHECK(bits.scalar_type() == at::kByte && bits.numel() == (n + 7) / 8, "ones_where: ", bits.numel(),
+              " mask bytes for ", n, " elements");
+  if (!out.device().is_cpu()) {
+    flat(out).copy_(bits_to_bool(bits, n));
+    return out;
+  }
+  const auto one = at::ones({1}, out.options());
+  const bool vec = packing_vector_kernels();
+  by_width(out.element_size(), [&](auto k) {
+    using U = typename decltype(k)::U;
+    U pattern;
+    std::memcpy(&pattern, one.data_ptr(), sizeof(U));
+    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c)
+        k.fill(vec, pattern, c * kChunk, std::min(n, (c + 1) * kChunk), bits.data_ptr<uint8_t>(), out.data_ptr());
     });
   });
   return out;

@@ -46,7 +46,7 @@ torch::Tensor SelfAttentionImpl::core(const torch::Tensor& q, const torch::Tenso
     att = att.masked_fill(mask, -std::numeric_limits<double>::infinity());
   }
   att = torch::softmax(att, -1);
-  if (attn_dropout_ > 0.0) att = torch::dropout(att, attn_dropout_, is_training());
+  if (attn_dropout_ > 0.0) att = lt::models::dropout(att, attn_dropout_, is_training());
   return torch::matmul(att, v);
 }
 
@@ -107,8 +107,8 @@ GPTBlockImpl::GPTBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double
 
 torch::Tensor GPTBlockImpl::forward(const torch::Tensor& x) {
   const bool train = is_training();
-  auto h = x + torch::dropout(attn->forward(ln1(x)), dropout_, train);
-  return h + torch::dropout(mlp->forward(ln2(h)), dropout_, train);
+  auto h = x + lt::models::dropout(attn->forward(ln1(x)), dropout_, train);
+  return h + lt::models::dropout(mlp->forward(ln2(h)), dropout_, train);
 }
 
 GPT::GPT(const lt::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dropout) {
@@ -124,7 +124,7 @@ GPT::GPT(const lt::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dropo
 
 torch::Tensor GPT::hidden(const torch::Tensor& input) {
   auto pos = check_ids(input, seq_len_, "GPT");
-  auto x = torch::dropout(wte(input) + wpe(pos), dropout_, is_training());
+  auto x = lt::models::dropout(wte(input) + wpe(pos), dropout_, is_training());
   for (size_t i = 0; i < blocks().size(); ++i) x = run_block(i, x);
   return ln_f(x);
 }
@@ -156,8 +156,8 @@ BertBlockImpl::BertBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, doub
 
 torch::Tensor BertBlockImpl::forward(const torch::Tensor& x) {
   const bool train = is_training();
-  auto h = ln1(x + torch::dropout(attn->forward(x), dropout_, train));
-  return ln2(h + torch::dropout(mlp->forward(h), dropout_, train));
+  auto h = ln1(x + lt::models::dropout(attn->forward(x), dropout_, train));
+  return ln2(h + lt::models::dropout(mlp->forward(h), dropout_, train));
 }
 
 MLMHeadImpl::MLMHeadImpl(int64_t d_model, int64_t vocab_size) {
@@ -190,7 +190,7 @@ Bert::Bert(const lt::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dro
 torch::Tensor Bert::hidden(const torch::Tensor& input) {
   auto pos = check_ids(input, seq_len_, "BERT");
   auto x = tok_emb(input) + pos_emb(pos) + type_emb->weight[0];
-  x = torch::dropout(emb_ln(x), dropout_, is_training());
+  x = lt::models::dropout(emb_ln(x), dropout_, is_training());
   for (size_t i = 0; i < blocks().size(); ++i) x = run_block(i, x);
   return x;
 }

@@ -264,6 +264,70 @@ TEST(Checkpoint, BlockWithCustomAutogradFunctionIsRecomputedCorrectly) {
   EXPECT_GT(plain[0].abs().sum().item<double>(), 0);
 }
 
+// Note [Dropout masks kept as bits]: a checkpointed function's dropout keeps one bit per
+// element, and its rerun applies that mask without drawing: the RNG stream a rerun sees after
+// its dropout is not the one forward saw (which a function must therefore not use; this test
+// does, to show the draw is gone), yet the gradients are bitwise the plain ones.
+TEST(Checkpoint, DropoutMaskKeptAsBitsAndReplayedWithoutDrawing) {
+  lt::MemoryMeter meter(-1);
+  const int64_t n = 1 << 16;
+  auto w = torch::randn({n}, torch::requires_grad());
+  std::vector<float> after;  // the RNG's next number after the dropout, per call
+  auto fn = [&](const std::vector<torch::Tensor>& in) {
+    auto y = lt::models::dropout(in[0] * w, 0.3, true);
+    after.push_back(torch::rand({1}).item<float>());
+    return y;
+  };
+  auto x = torch::randn({n}, torch::requires_grad());
+  torch::manual_seed(5);
+  auto plain = fn({x});
+  const auto g = torch::randn({n});
+  plain.backward(g);
+  auto gx = x.grad().clone(), gw = w.grad().clone();
+  x.mutable_grad() = torch::Tensor();
+  w.mutable_grad() = torch::Tensor();
+  after.clear();
+  torch::manual_seed(5);
+  const auto before = meter.stats().current_bytes;
+  auto out = lt::models::checkpoint(fn, {x}, {w});
+  // Forward kept the output and n bits of mask, not an n-float mask.
+  EXPECT_LE(meter.stats().current_bytes - before, n * 4 + n / 8 + 8192);  // + the saved RNG state
+  EXPECT_GE(meter.stats().current_bytes - before, n * 4 + n / 8);
+  EXPECT_TRUE(torch::equal(out, plain));
+  out.backward(g);
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_NE(after[0], after[1]) << "the rerun drew the mask again";
+  EXPECT_TRUE(torch::equal(x.grad(), gx));
+  EXPECT_TRUE(torch::equal(w.grad(), gw));
+}
+
+// Nested checkpoints with dropouts before, inside and after the inner one: every mask the
+// inner checkpoint records during the outer rerun is the outer tape's, so gradients are plain.
+TEST(Checkpoint, NestedCheckpointsReplayTheSameDropoutMasks) {
+  auto w = torch::randn({64, 64}, torch::requires_grad());
+  auto inner = [&](const std::vector<torch::Tensor>& in) {
+    return lt::models::dropout(torch::tanh(torch::matmul(in[0], w)), 0.2, true);
+  };
+  auto outer = [&](bool nested) {
+    return [&, nested](const std::vector<torch::Tensor>& in) {
+      auto h = lt::models::dropout(torch::matmul(in[0], w), 0.2, true);
+      h = nested ? lt::models::checkpoint(inner, {h}, {w}) : inner({h});
+      return lt::models::dropout(torch::matmul(h, w), 0.2, true);
+    };
+  };
+  auto x = torch::randn({16, 64});
+  auto grad_of = [&](bool checkpointed) {
+    w.mutable_grad() = torch::Tensor();
+    torch::manual_seed(11);
+    auto y = checkpointed ? lt::models::checkpoint(outer(true), {x}, {w}) : outer(false)({x});
+    y.pow(2).sum().backward();
+    return w.grad().clone();
+  };
+  auto plain = grad_of(false), ck = grad_of(true);
+  EXPECT_TRUE(torch::equal(plain, ck));
+  EXPECT_GT(plain.abs().sum().item<double>(), 0);
+}
+
 TEST(Checkpoint, NoGradForwardIsPlain) {
   auto c = tiny("gpt");
   auto model = lt::models::build_model(c);

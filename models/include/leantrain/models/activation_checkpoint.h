@@ -36,6 +36,11 @@ torch::Tensor checkpoint(RecomputeFn fn, const torch::Tensor& x, const PackedTen
                          const std::vector<torch::Tensor>& params,
                          const std::vector<torch::nn::Module*>& buffers_of);
 
+/// torch::dropout(x, p, train), bitwise, except inside a checkpointed function on the CPU:
+/// there the mask is kept as one bit per element, and the rerun applies it instead of
+/// drawing it again (Note [Dropout masks kept as bits]).
+torch::Tensor dropout(const torch::Tensor& x, double p, bool train);
+
 /// Mean cross-entropy of head(hidden) against target (ignore_index -100), computed in
 /// checkpointed chunks of `chunk_tokens` tokens: only one chunk's logits exist at a time,
 /// in forward and in backward. `params` are the head's parameters.

@@ -33,6 +33,10 @@ int64_t packed_bytes(const PackedTensor& p);
 /// zero (a NaN is not zero; -0.0 is). Bit j of byte i is element 8i + j.
 at::Tensor nonzero_bits(const at::Tensor& x);
 
+/// A tensor with like's sizes, strides and dtype holding 1 where `bits` (nonzero_bits of a
+/// tensor of like's layout) has a bit set and 0 elsewhere.
+at::Tensor ones_where(const at::Tensor& bits, const at::Tensor& like);
+
 /// torch::relu(x) whose backward keeps one bit per element (where the output is not <= 0)
 /// rather than the output itself: gradients equal relu's bitwise.
 at::Tensor mask_relu(const at::Tensor& x);
