@@ -34,8 +34,8 @@ namespace {
 // attention core, paid for it once more per layer. Instead, lt::models::dropout inside a
 // checkpointed function keeps its mask as one bit per element (3 MiB for those probabilities,
 // against 96 MiB for the fp32 mask that un-checkpointed dropout saves) on the checkpoint's
-// tape, and the rerun rebuilds the same 0/1 noise from it, divides it by 1 - p and multiplies,
-// the ops torch::dropout runs after its draw, so the output is bitwise the same.
+// tape, and the rerun rebuilds the same noise from it (1 / (1 - p) where the draw was 1, one
+// pass) and multiplies, as torch::dropout does after its draw: the output is bitwise the same.
 // Nesting: the masks come from the innermost checkpoint that is replaying, else from the RNG;
 // every recording checkpoint on the stack records them, so a checkpoint that runs inside
 // another's rerun replays what that rerun used. Only the CPU: on CUDA, torch::dropout runs a
@@ -302,7 +302,10 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
       TORCH_CHECK(source->next < source->bits.size(), "checkpoint: the rerun applies more dropout masks than its "
                   "forward drew (", source->bits.size(), ")");
       bits = source->bits[source->next++];
-      noise = ones_where(bits, x);  // x has the layout it had in forward, so noise too
+      // The noise forward made: 1 / (1 - p) where the draw was 1. ATen divides each element
+      // alike (true division, in float for bf16/fp16), so one element divided is the value.
+      // x has the layout it had in forward, so the noise too.
+      noise = fill_where(bits, x, at::ones({1}, x.options()).div_(1 - p));
     } else {
       // What torch::dropout does on the CPU (ATen's _dropout_impl): the same draw.
       noise = at::empty_like(x);
@@ -313,7 +316,7 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
         if (!bits.defined()) bits = nonzero_bits(noise);
         t->bits.push_back(bits);
       }
-    noise.div_(1 - p);
+    if (!source) noise.div_(1 - p);
   }
   return x * noise;
 }

@@ -416,19 +416,21 @@ at::Tensor unpack_tensor(const PackedTensor& p) {
   return out;
 }
 
-at::Tensor ones_where(const at::Tensor& bits, const at::Tensor& like) {
-  TORCH_CHECK(packable(like), "ones_where: expected a dense floating-point tensor, got ", like.scalar_type(), " ",
+at::Tensor fill_where(const at::Tensor& bits, const at::Tensor& like, const at::Tensor& value) {
+  TORCH_CHECK(packable(like), "fill_where: expected a dense floating-point tensor, got ", like.scalar_type(), " ",
               like.sizes(), " with strides ", like.strides());
+  TORCH_CHECK(value.numel() == 1 && value.scalar_type() == like.scalar_type(), "fill_where: the value must be one ",
+              like.scalar_type(), " element, got ", value.numel(), " of ", value.scalar_type());
   at::NoGradGuard no_grad;
   auto out = at::empty_like(like);
   const int64_t n = out.numel();
-  TORCH_CHECK(bits.scalar_type() == at::kByte && bits.numel() == (n + 7) / 8, "ones_where: ", bits.numel(),
+  TORCH_CHECK(bits.scalar_type() == at::kByte && bits.numel() == (n + 7) / 8, "fill_where: ", bits.numel(),
               " mask bytes for ", n, " elements");
   if (!out.device().is_cpu()) {
-    flat(out).copy_(bits_to_bool(bits, n));
+    flat(out).copy_(at::where(bits_to_bool(bits, n), value.reshape({}).to(out.device()), at::zeros({}, out.options())));
     return out;
   }
-  const auto one = at::ones({1}, out.options());
+  const auto one = value.contiguous().cpu();
   const bool vec = packing_vector_kernels();
   by_width(out.element_size(), [&](auto k) {
     using U = typename decltype(k)::U;

@@ -161,6 +161,24 @@ TEST(PackedActivation, SharedReluBitsFollowTheTensorsVersion) {
   }
 }
 
+// Dropout's replayed noise (Note [Dropout masks kept as bits]): the value written where a bit
+// is set is the one ATen's elementwise division gives, in every dtype and kernel.
+TEST(PackedActivation, FillWhereMatchesElementwiseDivision) {
+  for (bool vector : {true, false}) {
+    KernelChoice kc(vector);
+    for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf, torch::kDouble})
+      for (double p : {0.1, 0.3, 0.77}) {
+        SCOPED_TRACE(c10::str("vector ", vector, " ", dtype, " p ", p));
+        torch::manual_seed(3);
+        auto draw = torch::empty({5, 7, 33}, torch::TensorOptions().dtype(dtype)).bernoulli_(1 - p);
+        const auto expected = draw.clone().div_(1 - p);
+        const auto got = lt::models::fill_where(nonzero_bits(draw), draw,
+                                                torch::ones({1}, draw.options()).div_(1 - p));
+        EXPECT_TRUE(bitwise_equal(got, expected));
+      }
+  }
+}
+
 TEST(PackedActivation, BadInputIsRefusedByName) {
   try {
     nonzero_bits(torch::zeros({4}, torch::kInt));

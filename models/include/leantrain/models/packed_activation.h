@@ -33,9 +33,10 @@ int64_t packed_bytes(const PackedTensor& p);
 /// zero (a NaN is not zero; -0.0 is). Bit j of byte i is element 8i + j.
 at::Tensor nonzero_bits(const at::Tensor& x);
 
-/// A tensor with like's sizes, strides and dtype holding 1 where `bits` (nonzero_bits of a
-/// tensor of like's layout) has a bit set and 0 elsewhere.
-at::Tensor ones_where(const at::Tensor& bits, const at::Tensor& like);
+/// A tensor with like's sizes, strides and dtype holding `value` (one element of like's
+/// dtype, copied bit for bit) where `bits` (nonzero_bits of a tensor of like's layout) has a
+/// bit set, and 0 elsewhere.
+at::Tensor fill_where(const at::Tensor& bits, const at::Tensor& like, const at::Tensor& value);
 
 /// torch::relu(x) whose backward keeps one bit per element (where the output is not <= 0)
 /// rather than the output itself: gradients equal relu's bitwise.
