@@ -417,9 +417,10 @@ namespace {
 // (for a 56x56x256 block, 2 x 25.7 MB) on top of the rerun's own activations. So:
 //  - the stem (conv, BN, ReLU, max-pool) is a unit of its own: only the image is kept;
 //  - a block is split into two units, the residual branch (convs and BNs up to the sum) and
-//    the downsample shortcut, with the sum and the final ReLU outside them. The ReLU keeps
-//    one bit per element (mask_relu), and both units keep the block input packed, as its
-//    nonzero values and those bits (Note [Packed block inputs], Note [Shared ReLU bits]);
+//    the downsample shortcut, with the sum and the final ReLU outside them. Under `full`
+//    the ReLU keeps one bit per element (mask_relu), and both units keep the block input
+//    packed, as its nonzero values and those bits (Note [Packed block inputs], Note [Shared
+//    ReLU bits]); under `selective` the ReLU's saved output is the block input they keep;
 //    the ReLU's backward runs before the rerun and frees the block's output gradient; and
 //    the sum and ReLU are not recomputed. The same ops run in the same order as the plain
 //    block, so fp32 gradients stay bitwise equal.
@@ -443,6 +444,9 @@ ResNetCheckpointUnits resnet_units(const ResNet& net, const CheckpointPolicy& po
   }
   u.stem = true;
   for (size_t i = 0; i < n; ++i) u.split.push_back(i);
+  // Packing costs a pass over each block input in forward and two in backward: `full`, which
+  // is there for the least memory, pays it; `selective`, which is there to stay fast, does not.
+  u.packed = policy.kind == CheckpointPolicy::Kind::kFull;
   return u;
 }
 

@@ -85,14 +85,19 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
     auto p = m->parameters();
     params.insert(params.end(), p.begin(), p.end());
   }
+  auto branch_fn = [this](const std::vector<torch::Tensor>& in) { return branch(in[0]); };
+  auto down_fn = [this](const std::vector<torch::Tensor>& in) { return down->forward(in[0]); };
+  const std::vector<torch::nn::Module*> down_modules{down.get()};
+  if (!packed_input_) {
+    auto y = checkpoint(branch_fn, {x}, params, modules);
+    auto shortcut = down ? checkpoint(down_fn, {x}, down->parameters(), down_modules) : x;
+    return torch::relu(y + shortcut);
+  }
   // Note [Packed block inputs]: both units keep x as one packed copy, and the ReLU keeps a
   // bit mask, so nothing holds x itself once the next block has run.
   const auto packed = pack_tensor(x);
-  auto y = checkpoint([this](const std::vector<torch::Tensor>& in) { return branch(in[0]); }, x, packed, params,
-                      modules);
-  auto shortcut = down ? checkpoint([this](const std::vector<torch::Tensor>& in) { return down->forward(in[0]); },
-                                    x, packed, down->parameters(), std::vector<torch::nn::Module*>{down.get()})
-                       : x;
+  auto y = checkpoint(branch_fn, x, packed, params, modules);
+  auto shortcut = down ? checkpoint(down_fn, x, packed, down->parameters(), down_modules) : x;
   return mask_relu(y + shortcut);
 }
 
@@ -206,7 +211,7 @@ void ResNet::set_checkpoint_units(ResNetCheckpointUnits units) {
     TORCH_CHECK(i < blocks().size(), "ResNet split checkpoint block ", i, " of ", blocks().size());
     for (auto [b, e] : units.segments)
       TORCH_CHECK(i < b || i >= e, "ResNet block ", i, " is both split and in segment [", b, ", ", e, ")");
-    static_cast<ResidualBlockImpl&>(*blocks()[i]).set_split_checkpoint(true);
+    static_cast<ResidualBlockImpl&>(*blocks()[i]).set_split_checkpoint(true, units.packed);
   }
   units_ = std::move(units);
 }

@@ -180,9 +180,13 @@ TEST(Checkpoint, ResNetUnitsPerPolicy) {
   lt::models::apply_checkpoint_policy(net, CheckpointPolicy::parse("full"));
   EXPECT_TRUE(net.checkpoint_units().stem);
   EXPECT_EQ(net.checkpoint_units().split, (std::vector<size_t>{0, 1, 2, 3, 4}));
+  EXPECT_TRUE(net.checkpoint_units().packed);  // Note [Packed block inputs]
+  for (auto& b : net.blocks()) EXPECT_TRUE(dynamic_cast<lt::models::ResidualBlockImpl&>(*b).packed_input());
   lt::models::apply_checkpoint_policy(net, CheckpointPolicy::parse("selective"));
   EXPECT_TRUE(net.checkpoint_units().stem);
   EXPECT_EQ(net.checkpoint_units().split, (std::vector<size_t>{0}));
+  EXPECT_FALSE(net.checkpoint_units().packed);
+  EXPECT_FALSE(dynamic_cast<lt::models::ResidualBlockImpl&>(*net.blocks()[0]).packed_input());
   lt::models::apply_checkpoint_policy(net, CheckpointPolicy::parse("every:2"));
   EXPECT_FALSE(net.checkpoint_units().stem);
   EXPECT_TRUE(net.checkpoint_units().split.empty());

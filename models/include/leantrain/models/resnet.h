@@ -54,13 +54,20 @@ class ResidualBlockImpl : public BlockImpl {
   /// The modules branch() runs (their parameters and buffers are the unit's).
   virtual std::vector<torch::nn::Module*> branch_modules() = 0;
   /// On: in training with autograd, branch and shortcut are checkpointed units of their own.
-  void set_split_checkpoint(bool on) { split_checkpoint_ = on; }
+  /// `packed`: the units keep the block input packed and the final ReLU keeps bits (Note
+  /// [Packed block inputs]); otherwise they keep it whole, as the ReLU's saved output.
+  void set_split_checkpoint(bool on, bool packed = false) {
+    split_checkpoint_ = on;
+    packed_input_ = on && packed;
+  }
   bool split_checkpoint() const { return split_checkpoint_; }
+  bool packed_input() const { return packed_input_; }
 
   std::shared_ptr<DownsampleImpl> down;  // null when the shortcut is the identity
 
  private:
   bool split_checkpoint_ = false;
+  bool packed_input_ = false;
 };
 
 class BasicBlockImpl : public ResidualBlockImpl {
@@ -113,6 +120,7 @@ struct ResNetCheckpointUnits {
   bool stem = false;
   std::vector<std::pair<size_t, size_t>> segments;  // sorted, disjoint, non-empty
   std::vector<size_t> split;                         // blocks in no segment
+  bool packed = false;  // split blocks keep their inputs packed (Note [Packed block inputs])
 };
 
 class ResNet : public Model {
