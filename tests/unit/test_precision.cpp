@@ -8,6 +8,7 @@
 
 #include "leantrain/comm/communicator.h"
 #include "leantrain/runtime/config.h"
+#include "leantrain/runtime/errors.h"
 #include "leantrain/trainers/precision.h"
 
 namespace {
@@ -109,6 +110,28 @@ TEST(Autocast, GuardCastsMatmulAndRestores) {
     EXPECT_EQ(torch::matmul(a, a).scalar_type(), torch::kFloat);
   }
   EXPECT_NO_THROW(lt::trainers::check_precision_supported("bf16", torch::kCPU));
+}
+
+// A mode the device cannot run is a config error at startup that names the key, the device
+// and what to use instead (here: a CUDA device where none can run, which is what this CPU-only
+// machine has; the same path reports a CPU whose LibTorch lacks fp16 matmuls).
+TEST(Autocast, UnrunnableModeIsAConfigErrorNamingTheKey) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device runs every mode";
+  for (const char* mode : {"fp16", "bf16"}) {
+    try {
+      lt::trainers::check_precision_supported(mode, torch::Device(torch::kCUDA, 0));
+      FAIL() << mode << " was accepted on a CUDA device that cannot run";
+    } catch (const lt::ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(std::string("precision.mode = '") + mode + "': this LibTorch cannot run " + mode +
+                         " matmuls on cuda:0"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find(std::string(mode) == "fp16" ? "use bf16 or fp32" : "use fp32"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
+    }
+  }
+  EXPECT_NO_THROW(lt::trainers::check_precision_supported("fp32", torch::Device(torch::kCUDA, 0)));
 }
 
 }  // namespace
