@@ -195,7 +195,10 @@ ResNet::ResNet(const lt::ModelConfig& cfg) {
   if (cfg.memory_format == "channels_last") {
     channels_last_ = true;
     for (auto& p : parameters())
-      if (p.dim() == 4) p.set_data(p.contiguous(at::MemoryFormat::ChannelsLast));
+      // As PyTorch's Module.to(memory_format=...) does it: Tensor.to also restrides a weight
+      // whose NCHW strides already pass as channels-last (one input channel), which
+      // .contiguous() would keep; oneDNN picks its kernels by those strides.
+      if (p.dim() == 4) p.set_data(p.to(p.options(), false, false, at::MemoryFormat::ChannelsLast));
   }
 }
 
@@ -222,7 +225,9 @@ torch::Tensor ResNet::forward(const torch::Tensor& input) {
   // so evaluation never pays for the bookkeeping.
   const bool units = is_training();
   torch::Tensor x;
-  const auto image = channels_last_ ? input.contiguous(at::MemoryFormat::ChannelsLast) : input;
+  // Tensor.to (not .contiguous(), which keeps NCHW strides that pass as channels-last when
+  // there is one channel): the same strides whatever the loader made, as the reference model.
+  const auto image = channels_last_ ? input.to(input.options(), false, false, at::MemoryFormat::ChannelsLast) : input;
   if (units && units_.stem) {
     x = checkpoint([this](const std::vector<torch::Tensor>& in) { return stem->forward(in[0]); }, {image},
                    stem->parameters(), std::vector<torch::nn::Module*>{stem.get()});

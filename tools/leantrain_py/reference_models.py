@@ -464,7 +464,7 @@ class ResNet(nn.Module):
         if x.dim() != 4:
             raise ValueError(f"ResNet: expected images [B,C,H,W], got {list(x.shape)}")
         if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+            x = x.to(memory_format=torch.channels_last)
         x = self.stem(x)
         for block in self.blocks:
             x = block(x)
