@@ -34,7 +34,7 @@ namespace {
 struct Options {
   std::string model = "all";
   int steps = 2, micro = 8, seq = 512, layers = 12, image = 224;
-  std::string out, memory_format = "contiguous";
+  std::string out, memory_format = "channels_last";
   std::vector<std::string> precisions = {"fp32", "bf16"};
   std::vector<std::string> policies = {"none", "selective", "full"};
 };
@@ -76,7 +76,7 @@ Row measure(const lt::ModelConfig& cfg, const std::string& precision, const std:
     loss.backward();
   };
   step();  // warm-up: allocates gradients, primes oneDNN
-  Row r{cfg.kind == "gpt" ? "GPT-" + std::to_string(cfg.n_layer) + "L d" + std::to_string(cfg.d_model) : (cfg.memory_format == "channels_last" ? "ResNet-50 (channels-last)" : "ResNet-50"),
+  Row r{cfg.kind == "gpt" ? "GPT-" + std::to_string(cfg.n_layer) + "L d" + std::to_string(cfg.d_model) : (cfg.memory_format == "channels_last" ? "ResNet-50" : "ResNet-50 (NCHW)"),
         precision, policy};
   double total = 0;
   for (int i = 0; i < o.steps; ++i) {
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     if (k == "--help" || k == "-h") {
       std::cout << "usage: leantrain_bench_memory [--model gpt|resnet50|all] [--precisions fp32,bf16]\n"
                    "       [--policies none,selective,full] [--steps N] [--micro N] [--seq N] [--layers N]\n"
-                   "       [--image N] [--memory-format contiguous|channels_last (ResNet)] [--out FILE.md]\n";
+                   "       [--image N] [--memory-format channels_last|contiguous (ResNet)] [--out FILE.md]\n";
       return 0;
     }
     if (i + 1 == argc) {

@@ -179,7 +179,7 @@ ResNet::ResNet(const lt::ModelConfig& cfg) {
     }
   }
   // Note [Channels-last ResNet]
-  // With model.memory_format = "channels_last" the 4-D weights, and so every
+  // With model.memory_format = "channels_last" (the default) the 4-D weights, and so every
   // activation and gradient of the convolution stack, lie in memory as NHWC. oneDNN (and
   // cuDNN) run convolutions natively in that layout; given NCHW, oneDNN's backward copies the
   // input and the output gradient into its blocked layout first: 37 MiB of transient copies
@@ -188,10 +188,10 @@ ResNet::ResNet(const lt::ModelConfig& cfg) {
   // 0.95 s instead of 1.07 s. The logical tensors are the same, so checkpoints (written as
   // contiguous NCHW values) load into either layout, and the gradients an all-reduce or the
   // optimizer sees have their parameter's layout (autograd's gradient layout contract).
-  // It is not the default: oneDNN's channels-last kernels sum in another order than its NCHW
-  // ones, and per sample their results depend on the batch size (an eval loss moved by 3e-8
-  // relative against the same model evaluated in batches of another size), where leantrain's
-  // reference checks expect bitwise agreement.
+  // oneDNN's channels-last kernels sum in another order than its NCHW ones, so the two
+  // layouts agree to rounding, not bitwise; each agrees bitwise with PyTorch running the
+  // same layout (tests/python/test_against_cpp.py checks both). Fashion-MNIST ResNet (the
+  // demo's model): 2299 samples/s against 1944 in NCHW.
   if (cfg.memory_format == "channels_last") {
     channels_last_ = true;
     for (auto& p : parameters())

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one call (tests/gpu/README.md): builds leantrain against the
 # PyTorch found on the machine, then runs the NCCL world-of-one tests (tests/unit/test_nccl.cpp),
-# short CUDA training runs in fp32, bf16 and fp16 (loss decreases, loss_scale and CUDA
+# short CUDA training runs in fp32, bf16 and fp16 (GPT; and a bf16 ResNet under full and a GPT
+# under selective checkpointing) (loss decreases, loss_scale and CUDA
 # peak_mem_bytes in metrics.jsonl) and prints a summary table last.
 #
 #   bash tests/gpu/run.sh                    # on the GPU machine: everything
@@ -205,7 +206,7 @@ train() {  # name precision [extra --set ...]
   mkdir -p "$dir"
   local t0
   t0=$(date +%s)
-  timeout 150 "$bin" train --config "$top/configs/gpt_text.toml" "${sets[@]}" --out "$dir" >"$dir/log.txt" 2>&1
+  timeout 150 "$bin" train --config "$top/configs/${TRAIN_CONFIG:-gpt_text.toml}" "${sets[@]}" --out "$dir" >"$dir/log.txt" 2>&1
   local rc=$?
   cat "$dir/log.txt" >>"$out/train.log"
   if [ "$rc" != 0 ]; then
@@ -226,6 +227,12 @@ train cuda-fp16 fp16
 # The same through the NCCL backend in a world of one: parameter broadcasts and the
 # loss scaler's found-inf all-reduce go over NCCL.
 train cuda-fp16-nccl fp16 comm.backend=nccl
+# A channels-last bottleneck ResNet under `full` checkpointing: the CUDA paths of packed block
+# inputs and mask_relu (Note [Packed block inputs]); and GPT under `selective`, whose
+# dropout draws again on CUDA (Note [Dropout masks kept as bits] is CPU-only).
+TRAIN_CONFIG=fashion_mnist_resnet.toml train cuda-resnet-bf16-full bf16 memory.activation_checkpoint=full \
+  model.stem=imagenet model.block=bottleneck "model.layers=[1,2]" model.width=16 data.synthetic_samples=256
+train cuda-bf16-selective bf16 memory.activation_checkpoint=selective
 # Keep the metrics of one run (the files that come back are few).
 cp "$out/runs/cuda-fp16/metrics.jsonl" "$out/metrics-fp16.jsonl" 2>/dev/null
 rm -rf "$out/runs"

@@ -211,9 +211,9 @@ def main(argv):
                 ("resnet imagenet/bottleneck", "fashion_mnist_resnet.toml",
                  img + ["model.stem=imagenet", "model.block=bottleneck", "model.layers=[1,2]", "model.width=8"],
                  lambda: fashion_batches(2, 50)),
-                ("resnet imagenet/bottleneck channels-last", "fashion_mnist_resnet.toml",
+                ("resnet imagenet/bottleneck NCHW", "fashion_mnist_resnet.toml",
                  img + ["model.stem=imagenet", "model.block=bottleneck", "model.layers=[1,2]", "model.width=8",
-                        "model.memory_format=channels_last"],
+                        "model.memory_format=contiguous"],
                  lambda: fashion_batches(2, 50)),
             ]
         else:

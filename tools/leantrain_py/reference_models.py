@@ -43,7 +43,7 @@ MODEL_DEFAULTS: Dict[str, Any] = {
     "block": "basic",
     "width": 64,
     "stem": "imagenet",
-    "memory_format": "contiguous",
+    "memory_format": "channels_last",
     "in_channels": 1,
     "image_size": 28,
     "num_classes": 10,

@@ -25,7 +25,7 @@ struct ModelConfig {
   std::string block = "basic";        // basic | bottleneck (depth = 0 only)
   int64_t width = 64;                 // channels of the first stage
   std::string stem = "imagenet";      // imagenet (7x7/2 + maxpool) | small (3x3/1, for 28x28)
-  std::string memory_format = "contiguous";  // contiguous | channels_last (resnet's convolutions)
+  std::string memory_format = "channels_last";  // channels_last | contiguous (resnet's convolutions)
   // Images (resnet, mlp).
   int64_t in_channels = 1;
   int64_t image_size = 28;
