@@ -61,6 +61,15 @@ struct TapeScope {
   TapeScope& operator=(const TapeScope&) = delete;
 };
 
+// Turns autocast's cast cache off for a scope and puts the previous setting back.
+struct CastCacheOff {
+  const bool before = at::autocast::is_autocast_cache_enabled();
+  CastCacheOff() { at::autocast::set_autocast_cache_enabled(false); }
+  ~CastCacheOff() { at::autocast::set_autocast_cache_enabled(before); }
+  CastCacheOff(const CastCacheOff&) = delete;
+  CastCacheOff& operator=(const CastCacheOff&) = delete;
+};
+
 struct Recompute : torch::CustomClassHolder {
   RecomputeFn fn;
   std::vector<torch::nn::Module*> buffers_of;
@@ -153,16 +162,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       // Autocast's cast cache would keep a low-precision copy of every weight fn reads until
       // the outermost autocast region ends, though nothing here saves them: the rerun casts
       // again, and one forward reads each weight once.
-      const bool cache = at::autocast::is_autocast_cache_enabled();
-      at::autocast::set_autocast_cache_enabled(false);
-      try {
-        TapeScope tape(&rc->tape);
-        out = rc->fn(in);
-      } catch (...) {
-        at::autocast::set_autocast_cache_enabled(cache);
-        throw;
-      }
-      at::autocast::set_autocast_cache_enabled(cache);
+      CastCacheOff no_cache;
+      TapeScope tape(&rc->tape);
+      out = rc->fn(in);
     }
     std::vector<at::Tensor> to_save;
     if (rc->pack) {
@@ -276,15 +278,27 @@ torch::Tensor checkpointed_core(const AttentionCore& core, const torch::Tensor& 
                     {q, k, v}, {});
 }
 
-}  // namespace
-
-torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
-                         const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
+torch::Tensor apply_checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+                               const std::vector<torch::Tensor>& params,
+                               const std::vector<torch::nn::Module*>& buffers_of, std::optional<PackedTensor> pack) {
   if (!torch::GradMode::is_enabled()) return fn(inputs);
   auto rc = c10::make_intrusive<Recompute>();
   rc->fn = std::move(fn);
   rc->buffers_of = buffers_of;
+  rc->pack = std::move(pack);
   return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(params), rc)[0];
+}
+
+}  // namespace
+
+torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+                         const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
+  return apply_checkpoint(std::move(fn), inputs, params, buffers_of, std::nullopt);
+}
+
+torch::Tensor checkpoint(RecomputeFn fn, const torch::Tensor& x, const PackedTensor& packed,
+                         const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
+  return apply_checkpoint(std::move(fn), {x}, params, buffers_of, packed);
 }
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
@@ -319,16 +333,6 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
     if (!source) noise.div_(1 - p);
   }
   return x * noise;
-}
-
-torch::Tensor checkpoint(RecomputeFn fn, const torch::Tensor& x, const PackedTensor& packed,
-                         const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
-  if (!torch::GradMode::is_enabled()) return fn({x});
-  auto rc = c10::make_intrusive<Recompute>();
-  rc->fn = std::move(fn);
-  rc->buffers_of = buffers_of;
-  rc->pack = packed;
-  return CheckpointFunction::apply(at::TensorList(x), at::TensorList(params), rc)[0];
 }
 
 torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,

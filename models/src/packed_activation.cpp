@@ -79,14 +79,20 @@ void expand_portable(const U* src, int64_t lo, int64_t hi, const uint8_t* bits, 
     for (unsigned b = bits[k >> 3]; b; b &= b - 1) dst[k + __builtin_ctz(b)] = *src++;
 }
 
+// All ones where element k's bit is set, else zero.
+template <typename U>
+U lane_mask(const uint8_t* bits, int64_t k) {
+  return static_cast<U>(-static_cast<U>((bits[k >> 3] >> (k & 7)) & 1));
+}
+
 template <typename U>
 void select_portable(const U* g, int64_t lo, int64_t hi, const uint8_t* bits, U* dst) {
-  for (int64_t k = lo; k < hi; ++k) dst[k] = g[k] & static_cast<U>(-static_cast<U>((bits[k >> 3] >> (k & 7)) & 1));
+  for (int64_t k = lo; k < hi; ++k) dst[k] = g[k] & lane_mask<U>(bits, k);
 }
 
 template <typename U>
 void fill_portable(U one, int64_t lo, int64_t hi, const uint8_t* bits, U* dst) {
-  for (int64_t k = lo; k < hi; ++k) dst[k] = one & static_cast<U>(-static_cast<U>((bits[k >> 3] >> (k & 7)) & 1));
+  for (int64_t k = lo; k < hi; ++k) dst[k] = one & lane_mask<U>(bits, k);
 }
 
 // ---- AVX-512: 16 lanes of 32 bits or 32 lanes of 16 bits per step ----
@@ -253,6 +259,17 @@ void by_width(int64_t w, F&& f) {
   }
 }
 
+// Runs f(kernels, c, lo, hi) for every chunk c = [lo, hi) of n elements of w bytes, chunks in
+// parallel, with the kernels of that width.
+template <typename F>
+void for_each_chunk(int64_t n, int64_t w, F&& f) {
+  by_width(w, [&](auto k) {
+    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c) f(k, c, c * kChunk, std::min(n, (c + 1) * kChunk));
+    });
+  });
+}
+
 bool packable(const at::Tensor& x) {
   return at::isFloatingType(x.scalar_type()) && x.numel() > 0 && x.is_non_overlapping_and_dense();
 }
@@ -266,11 +283,8 @@ std::vector<int64_t> cpu_bits(const at::Tensor& x, uint8_t* bits) {
   const int64_t n = x.numel();
   std::vector<int64_t> offset(chunks_of(n) + 1, 0);
   const bool vec = packing_vector_kernels();
-  by_width(x.element_size(), [&](auto k) {
-    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
-      for (int64_t c = cb; c < ce; ++c)
-        offset[c + 1] = k.bits(vec, x.data_ptr(), c * kChunk, std::min(n, (c + 1) * kChunk), bits);
-    });
+  for_each_chunk(n, x.element_size(), [&](auto k, int64_t c, int64_t lo, int64_t hi) {
+    offset[c + 1] = k.bits(vec, x.data_ptr(), lo, hi, bits);
   });
   for (size_t c = 1; c < offset.size(); ++c) offset[c] += offset[c - 1];
   return offset;
@@ -379,12 +393,8 @@ PackedTensor pack_tensor(const at::Tensor& x_in) {
   p.values = at::empty({offset.back()}, x.options());
   const bool vec = packing_vector_kernels();
   char* dst = static_cast<char*>(p.values.data_ptr());
-  by_width(w, [&](auto k) {
-    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
-      for (int64_t c = cb; c < ce; ++c)
-        k.compress(vec, x.data_ptr(), c * kChunk, std::min(n, (c + 1) * kChunk), bits.data_ptr<uint8_t>(),
-                   dst + offset[c] * w);
-    });
+  for_each_chunk(n, w, [&](auto k, int64_t c, int64_t lo, int64_t hi) {
+    k.compress(vec, x.data_ptr(), lo, hi, bits.data_ptr<uint8_t>(), dst + offset[c] * w);
   });
   p.bits = std::move(bits);
   return p;
@@ -407,11 +417,8 @@ at::Tensor unpack_tensor(const PackedTensor& p) {
               " nonzeros, the values ", p.values.numel());
   const bool vec = packing_vector_kernels();
   const char* src = static_cast<const char*>(p.values.data_ptr());
-  by_width(w, [&](auto k) {
-    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
-      for (int64_t c = cb; c < ce; ++c)
-        k.expand(vec, src + offset[c] * w, c * kChunk, std::min(n, (c + 1) * kChunk), bits, out.data_ptr());
-    });
+  for_each_chunk(n, w, [&](auto k, int64_t c, int64_t lo, int64_t hi) {
+    k.expand(vec, src + offset[c] * w, lo, hi, bits, out.data_ptr());
   });
   return out;
 }
@@ -432,14 +439,10 @@ at::Tensor fill_where(const at::Tensor& bits, const at::Tensor& like, const at::
   }
   const auto one = value.contiguous().cpu();
   const bool vec = packing_vector_kernels();
-  by_width(out.element_size(), [&](auto k) {
-    using U = typename decltype(k)::U;
-    U pattern;
-    std::memcpy(&pattern, one.data_ptr(), sizeof(U));
-    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
-      for (int64_t c = cb; c < ce; ++c)
-        k.fill(vec, pattern, c * kChunk, std::min(n, (c + 1) * kChunk), bits.data_ptr<uint8_t>(), out.data_ptr());
-    });
+  for_each_chunk(n, out.element_size(), [&](auto k, int64_t, int64_t lo, int64_t hi) {
+    typename decltype(k)::U pattern;
+    std::memcpy(&pattern, one.data_ptr(), sizeof(pattern));
+    k.fill(vec, pattern, lo, hi, bits.data_ptr<uint8_t>(), out.data_ptr());
   });
   return out;
 }
@@ -484,12 +487,8 @@ class MaskRelu : public torch::autograd::Function<MaskRelu> {
       return {out};
     }
     const bool vec = packing_vector_kernels();
-    by_width(g.element_size(), [&](auto k) {
-      at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
-        for (int64_t c = cb; c < ce; ++c)
-          k.select(vec, g.data_ptr(), c * kChunk, std::min(n, (c + 1) * kChunk), bits.data_ptr<uint8_t>(),
-                   out.data_ptr());
-      });
+    for_each_chunk(n, g.element_size(), [&](auto k, int64_t, int64_t lo, int64_t hi) {
+      k.select(vec, g.data_ptr(), lo, hi, bits.data_ptr<uint8_t>(), out.data_ptr());
     });
     return {out};
   }
