@@ -6,6 +6,8 @@
 #include <optional>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/torch.h>
 
 #include "leantrain/models/attention.h"
@@ -19,8 +21,9 @@ namespace {
 // forward() runs fn with grad disabled (inside a custom Function), so no activation is kept;
 // it saves the inputs, the RNG states of the CPU and every initialised CUDA generator, and
 // the autocast state. backward() restores those, reruns fn with grad enabled on detached
-// copies of the inputs, and calls autograd::grad(outputs, inputs + params) — never
-// backward() inside backward, which misbehaves under autocast. The caller's RNG state and
+// copies of the inputs, and differentiates the rerun with the caller's autocast state back in
+// place (Note [Rerun gradients]) — never torch::autograd::backward() inside backward, which
+// misbehaved under autocast. The caller's RNG state and
 // autocast state are put back afterwards, and module buffers (BatchNorm running stats,
 // updated by the rerun) are restored from a snapshot so the recomputation leaves no trace.
 // The parameters are a TensorList argument: LibTorch's custom Function sees tensors in a
@@ -78,6 +81,11 @@ struct Recompute : torch::CustomClassHolder {
   std::optional<PackedTensor> pack;
   bool packed = false;
   bool packed_requires_grad = false;
+  // With a pack: the convolution fn's input goes through first (fn gets its output).
+  torch::nn::Conv2dImpl* first_conv = nullptr;
+  // Its parameters are read by other checkpointed functions too: return their gradients
+  // (Note [Rerun gradients]).
+  bool shared_params = false;
   at::Tensor cpu_rng;
   std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda_rng;
   bool ac_cpu = false, ac_cuda = false;
@@ -117,26 +125,61 @@ void restore_buffers(const Recompute& rc, const std::vector<at::Tensor>& snapsho
     for (auto& b : m->buffers()) b.copy_(snapshot[i++]);
 }
 
-// autograd::grad(out, targets, grad) that lets go of `out` first: a rerun's output is rarely
-// saved by its own graph (a BatchNorm's or a residual sum's is not), so it need not live
-// while the graph is differentiated — in a ResNet-50 bottleneck at 56x56 that is 24.5 MiB.
-// What autograd::grad does, minus its hold on the outputs.
-torch::autograd::variable_list grad_without_output(at::Tensor out, const at::Tensor& grad,
-                                                   const std::vector<at::Tensor>& targets) {
+// Note [Rerun gradients]
+// The rerun's graph is differentiated by the engine directly (as autograd::grad does, minus
+// its hold on the output): a rerun's output is rarely saved by its own graph (a BatchNorm's or
+// a residual sum's is not), so it need not live while the graph is differentiated — in a
+// ResNet-50 bottleneck at 56x56 that is 24.5 MiB.
+// Each input the rerun reads is a fresh tensor whose gradient edge ends in a GradSink, which
+// keeps the gradient as it arrives (no leaf accumulation, so no layout change or copy).
+// Parameters: when the backward that runs this one is a plain backward() (its graph task
+// has no exec_info: it runs every node and accumulates into every leaf), the rerun
+// accumulates into each parameter's .grad as soon as its gradient is computed, as the
+// uncheckpointed graph does, and the checkpoint returns no gradient for them; otherwise
+// (autograd::grad, backward(inputs=...), or a rerun nested in another rerun) the gradients
+// are captured and returned, so the caller's graph routes them. Returning them held a
+// unit's weight gradients until its whole rerun was differentiated: in ResNet-50's stage 4
+// first block, 13 MiB (conv2's and conv3's) during conv1's backward, which was the peak of
+// `full`. A parameter read by several checkpointed functions (the LM head in
+// chunked_lm_loss) is always returned: summed by the caller's graph first, it is added to
+// .grad once, in the order the uncheckpointed graph adds it.
+struct GradSink : torch::autograd::Node {
+  at::Tensor grad;
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& g) override {
+    if (!g.empty()) grad = std::move(g[0]);
+    return {};
+  }
+};
+
+bool outer_backward_accumulates() {
+  const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();
+  return exec_info != nullptr && exec_info->empty();
+}
+
+// Differentiates `out` (released first) with gradient `grad`. Returns the gradients of the
+// sinks' inputs and, unless `in_place`, of `params`; with `in_place` the parameters'
+// gradients are added to their .grad and their slots are undefined.
+torch::autograd::variable_list differentiate_rerun(at::Tensor out, const at::Tensor& grad,
+                                                   const std::vector<std::shared_ptr<GradSink>>& sinks,
+                                                   const std::vector<at::Tensor>& params, bool in_place) {
   torch::autograd::edge_list roots{torch::autograd::impl::gradient_edge(out)};
   out.reset();
   torch::autograd::edge_list wanted;
-  for (const auto& t : targets) {
-    auto fn = t.grad_fn() ? t.grad_fn() : torch::autograd::impl::try_get_grad_accumulator(t);
+  for (const auto& s : sinks) wanted.emplace_back(s, 0);
+  for (const auto& t : params) {
+    auto fn = torch::autograd::impl::try_get_grad_accumulator(t);
     if (fn) {
-      wanted.emplace_back(std::move(fn), t.output_nr());
+      wanted.emplace_back(std::move(fn), 0);
     } else {
       wanted.emplace_back(std::make_shared<torch::autograd::Identity>(), 0);  // not in the graph: unused
     }
   }
-  return torch::autograd::Engine::get_default_engine().execute(roots, {grad}, /*keep_graph=*/false,
-                                                               /*create_graph=*/false,
-                                                               /*accumulate_grad=*/false, wanted);
+  auto got = torch::autograd::Engine::get_default_engine().execute(roots, {grad}, /*keep_graph=*/false,
+                                                                   /*create_graph=*/false, in_place, wanted);
+  if (!in_place) return got;
+  torch::autograd::variable_list grads(sinks.size() + params.size());
+  for (size_t i = 0; i < sinks.size(); ++i) grads[i] = std::move(sinks[i]->grad);
+  return grads;
 }
 
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
@@ -164,7 +207,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       // again, and one forward reads each weight once.
       CastCacheOff no_cache;
       TapeScope tape(&rc->tape);
-      out = rc->fn(in);
+      out = rc->first_conv ? rc->fn({rc->first_conv->forward(in[0])}) : rc->fn(in);
     }
     std::vector<at::Tensor> to_save;
     if (rc->pack) {
@@ -184,30 +227,33 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
                                                  torch::autograd::variable_list grad_out) {
     auto rc = c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
     const auto saved = ctx->get_saved_variables();
-    std::vector<at::Tensor> inputs, grad_targets;
-    std::vector<size_t> target_slot;  // position in the returned gradient list
+    std::vector<at::Tensor> inputs, params;
+    std::vector<std::shared_ptr<GradSink>> sinks;
+    std::vector<size_t> target_slot;  // position in the returned gradient list: sinks, then params
     const bool packed = rc->packed;
     const size_t first_param = packed ? 0 : rc->n_inputs;  // in `saved`
     if (packed)
       TORCH_CHECK(rc->pack, "checkpoint: a unit with a packed input was differentiated twice (its input is "
                             "released by the first backward)");
     for (size_t i = 0; i < rc->n_inputs; ++i) {
-      auto x = packed ? unpack_tensor(*rc->pack).detach() : saved[i].detach();
+      // A packed input is read only by the unit's first convolution, which unpacks it itself
+      // (Note [Packed input kept through the rerun]): the rerun gets a one-element stand-in
+      // with its sizes and dtype, which carries the gradient edge.
+      auto x = packed ? at::empty_strided(rc->pack->sizes, std::vector<int64_t>(rc->pack->sizes.size(), 0),
+                                          rc->pack->values.options())
+                      : saved[i].detach();
       if (packed ? rc->packed_requires_grad : saved[i].requires_grad()) {
-        x.requires_grad_(true);
-        grad_targets.push_back(x);
+        sinks.push_back(std::make_shared<GradSink>());
+        torch::autograd::set_history(x, sinks.back());  // Note [Rerun gradients]
         target_slot.push_back(i);
       }
       inputs.push_back(x);
     }
-    // This unit's hold on the packed input ends here (the last unit sharing it frees it).
-    if (packed) rc->pack.reset();
     for (size_t i = first_param; i < saved.size(); ++i)
       if (saved[i].requires_grad()) {
-        grad_targets.push_back(saved[i]);
+        params.push_back(saved[i]);
         target_slot.push_back(rc->n_inputs + (i - first_param));
       }
-
     // Snapshot what the rerun disturbs: RNG, autocast state, buffers.
     const auto cpu_rng_now = cpu_generator().get_state();
     std::vector<at::Tensor> cuda_rng_now;
@@ -236,7 +282,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         rc->tape.replay = true;
         rc->tape.next = 0;
         TapeScope tape(&rc->tape);
-        out = rc->fn(inputs);
+        out = packed ? rc->fn({conv_keeping_packed_input(*rc->first_conv, inputs[0], *rc->pack)}) : rc->fn(inputs);
         TORCH_CHECK(rc->tape.next == rc->tape.bits.size(), "checkpoint: the rerun applied ", rc->tape.next,
                     " dropout masks, its forward drew ", rc->tape.bits.size(),
                     " (a checkpointed function must take the same path twice)");
@@ -254,15 +300,20 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       if (autocast && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     }
     rc->tape.bits.clear();  // the rerun's graph holds the noise it built from them
+    // This unit's hold on its packed input ends here: its first convolution holds it for its
+    // own backward (the last unit sharing it frees it).
+    rc->pack.reset();
+    inputs.clear();
     ac_now.apply();
     cpu_generator().set_state(cpu_rng_now);
     for (size_t i = 0; i < rc->cuda_rng.size(); ++i)
       cuda_generator(rc->cuda_rng[i].first).set_state(cuda_rng_now[i]);
 
     torch::autograd::variable_list grads(rc->n_inputs + rc->n_params + 1);  // + the Recompute argument
-    if (!grad_targets.empty() && out.requires_grad()) {
-      auto g = grad_without_output(std::move(out), grad_out[0], grad_targets);
-      for (size_t i = 0; i < g.size(); ++i) grads[target_slot[i]] = g[i];
+    if (!target_slot.empty() && out.requires_grad()) {
+      const bool in_place = !rc->shared_params && outer_backward_accumulates();
+      auto g = differentiate_rerun(std::move(out), grad_out[0], sinks, params, in_place);
+      for (size_t i = 0; i < g.size(); ++i) grads[target_slot[i]] = std::move(g[i]);
     }
     // After the rerun's graph is consumed: BatchNorm saved its running stats as inputs, so
     // restoring them earlier would trip autograd's version check.
@@ -280,10 +331,13 @@ torch::Tensor checkpointed_core(const AttentionCore& core, const torch::Tensor& 
 
 torch::Tensor apply_checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                                const std::vector<torch::Tensor>& params,
-                               const std::vector<torch::nn::Module*>& buffers_of, std::optional<PackedTensor> pack) {
-  if (!torch::GradMode::is_enabled()) return fn(inputs);
+                               const std::vector<torch::nn::Module*>& buffers_of, std::optional<PackedTensor> pack,
+                               bool shared_params = false, torch::nn::Conv2dImpl* first_conv = nullptr) {
+  if (!torch::GradMode::is_enabled()) return first_conv ? fn({first_conv->forward(inputs[0])}) : fn(inputs);
   auto rc = c10::make_intrusive<Recompute>();
   rc->fn = std::move(fn);
+  rc->first_conv = first_conv;
+  rc->shared_params = shared_params;
   rc->buffers_of = buffers_of;
   rc->pack = std::move(pack);
   return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(params), rc)[0];
@@ -296,9 +350,9 @@ torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& input
   return apply_checkpoint(std::move(fn), inputs, params, buffers_of, std::nullopt);
 }
 
-torch::Tensor checkpoint(RecomputeFn fn, const torch::Tensor& x, const PackedTensor& packed,
+torch::Tensor checkpoint(torch::nn::Conv2dImpl& first, RecomputeFn rest, const torch::Tensor& x, const PackedTensor& packed,
                          const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
-  return apply_checkpoint(std::move(fn), {x}, params, buffers_of, packed);
+  return apply_checkpoint(std::move(rest), {x}, params, buffers_of, packed, /*shared_params=*/false, &first);
 }
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
@@ -361,13 +415,13 @@ torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& 
   for (int64_t start = 0; start < n; start += chunk_tokens) {
     const int64_t len = std::min(chunk_tokens, n - start);
     auto tc = t.narrow(0, start, len);
-    auto part = checkpoint(
+    auto part = apply_checkpoint(
         [head, tc](const std::vector<torch::Tensor>& in) {
           return torch::nn::functional::cross_entropy(
               head(in[0]).to(torch::kFloat), tc,
               torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
         },
-        {h.narrow(0, start, len)}, params);
+        {h.narrow(0, start, len)}, params, {}, std::nullopt, /*shared_params=*/true);
     total = total.defined() ? total + part : part;
   }
   return total / count;
@@ -428,7 +482,7 @@ namespace {
 //    the ReLU's backward runs before the rerun and frees the block's output gradient; and
 //    the sum and ReLU are not recomputed. The same ops run in the same order as the plain
 //    block, so fp32 gradients stay bitwise equal.
-//  - a rerun's output is let go before its graph is differentiated (grad_without_output):
+//  - a rerun's output is let go before its graph is differentiated (Note [Rerun gradients]):
 //    neither a BatchNorm nor the sum saves it.
 // Coarser units (segments of several blocks, as torch.utils.checkpoint_sequential) were
 // measured and are worse here: each saves one input less but its rerun holds several blocks'

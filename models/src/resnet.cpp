@@ -96,13 +96,15 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
   // Note [Packed block inputs]: both units keep x as one packed copy, and the ReLU keeps a
   // bit mask, so nothing holds x itself once the next block has run.
   const auto packed = pack_tensor(x);
-  auto y = checkpoint(branch_fn, x, packed, params, modules);
-  auto shortcut = down ? checkpoint(down_fn, x, packed, down->parameters(), down_modules) : x;
+  auto tail_fn = [this](const std::vector<torch::Tensor>& in) { return branch_tail(in[0]); };
+  auto down_bn_fn = [this](const std::vector<torch::Tensor>& in) { return down->bn(in[0]); };
+  auto y = checkpoint(first_conv(), tail_fn, x, packed, params, modules);
+  auto shortcut = down ? checkpoint(*down->conv, down_bn_fn, x, packed, down->parameters(), down_modules) : x;
   return mask_relu(y + shortcut);
 }
 
-torch::Tensor BasicBlockImpl::branch(const torch::Tensor& x) {
-  auto y = torch::relu(bn1(conv1(x)));
+torch::Tensor BasicBlockImpl::branch_tail(const torch::Tensor& h) {
+  auto y = torch::relu(bn1(h));
   return bn2(conv2(y));
 }
 
@@ -123,8 +125,8 @@ BottleneckImpl::BottleneckImpl(int64_t in, int64_t planes, int64_t stride) {
   }
 }
 
-torch::Tensor BottleneckImpl::branch(const torch::Tensor& x) {
-  auto y = torch::relu(bn1(conv1(x)));
+torch::Tensor BottleneckImpl::branch_tail(const torch::Tensor& h) {
+  auto y = torch::relu(bn1(h));
   y = torch::relu(bn2(conv2(y)));
   return bn3(conv3(y));
 }

@@ -67,24 +67,45 @@ struct Run {
   double loss = 0;
 };
 
-Run run(const lt::ModelConfig& c, const std::string& policy, const std::string& precision = "fp32") {
+// How the gradients are taken: one backward(); two backward() calls accumulating into .grad
+// (two micro-batches); or autograd::grad, which returns them.
+enum class Differentiate { kBackward, kBackwardTwice, kAutogradGrad };
+
+Run run(const lt::ModelConfig& c, const std::string& policy, const std::string& precision = "fp32",
+        Differentiate how = Differentiate::kBackward) {
   torch::manual_seed(1);
   auto model = lt::models::build_model(c);
   model->train();
   lt::models::apply_checkpoint_policy(*model, CheckpointPolicy::parse(policy));
   auto [x, y] = batch_for(c);
   torch::manual_seed(99);  // the dropout stream
-  torch::Tensor loss;
-  {
+  auto loss_of = [&, &y = y](const torch::Tensor& input) {
     lt::trainers::AutocastGuard ac(precision, torch::kCPU);
-    loss = lt::models::compute_loss(model->task(), model->forward(x).to(torch::kFloat), y);
+    return lt::models::compute_loss(model->task(), model->forward(input).to(torch::kFloat), y);
+  };
+  auto loss = loss_of(x);
+  const auto named = model->named_parameters();
+  std::map<std::string, torch::Tensor> returned;
+  if (how == Differentiate::kAutogradGrad) {
+    std::vector<torch::Tensor> params;
+    for (auto& p : named) params.push_back(p.value());
+    const auto g = torch::autograd::grad({loss}, params, {}, /*retain_graph=*/false, /*create_graph=*/false,
+                                         /*allow_unused=*/true);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_FALSE(params[i].grad().defined()) << named[i].key() << ": autograd::grad accumulated into .grad";
+      if (g[i].defined()) returned[named[i].key()] = g[i];
+    }
+  } else {
+    loss.backward();
+    if (how == Differentiate::kBackwardTwice)  // another batch: shifted tokens, or brighter images
+      loss_of(x.is_floating_point() ? x * 2 : (x + 1).remainder(c.vocab_size)).backward();
   }
-  loss.backward();
   Run r;
   r.loss = loss.item<double>();
-  for (auto& p : model->named_parameters()) {
-    EXPECT_TRUE(p.value().grad().defined()) << p.key() << " got no gradient under " << policy;
-    if (p.value().grad().defined()) r.grads[p.key()] = p.value().grad().clone();
+  for (auto& p : named) {
+    const auto g = how == Differentiate::kAutogradGrad ? returned[p.key()] : p.value().grad();
+    EXPECT_TRUE(g.defined()) << p.key() << " got no gradient under " << policy;
+    if (g.defined()) r.grads[p.key()] = g.clone();
   }
   for (auto& b : model->named_buffers()) r.buffers[b.key()] = b.value().clone();
   return r;
@@ -100,6 +121,22 @@ TEST_P(CheckpointEquality, Fp32GradientsBitwiseEqualWithDropout) {
   ASSERT_EQ(plain.grads.size(), ck.grads.size());
   for (auto& [name, g] : plain.grads) EXPECT_TRUE(torch::equal(g, ck.grads[name])) << name;
   for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, ck.buffers[name])) << "buffer " << name;
+}
+
+// Note [Rerun gradients]: under a plain backward() the reruns add the parameters' gradients
+// to .grad themselves; over two backward() calls that accumulate (micro-batches) and under
+// autograd::grad (which must leave .grad alone and return them) they still equal the plain
+// model's bitwise.
+TEST_P(CheckpointEquality, Fp32GradientsBitwiseEqualWhenAccumulatedOrReturned) {
+  const auto [kind, policy] = GetParam();
+  auto c = tiny(kind);
+  for (auto how : {Differentiate::kBackwardTwice, Differentiate::kAutogradGrad}) {
+    const bool twice = how == Differentiate::kBackwardTwice;
+    auto plain = run(c, "none", "fp32", how), ck = run(c, policy, "fp32", how);
+    ASSERT_EQ(plain.grads.size(), ck.grads.size());
+    for (auto& [name, g] : plain.grads)
+      EXPECT_TRUE(torch::equal(g, ck.grads[name])) << name << (twice ? " (two backwards)" : " (autograd::grad)");
+  }
 }
 
 TEST_P(CheckpointEquality, Bf16GradientsWithinTolerance) {
@@ -271,6 +308,55 @@ TEST(Checkpoint, BlockWithCustomAutogradFunctionIsRecomputedCorrectly) {
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], ck[i])) << i;
   // The custom backward (x2) is really used: zeroing its effect would change the input gradient.
   EXPECT_GT(plain[0].abs().sum().item<double>(), 0);
+}
+
+// Passes the gradient through and calls `seen` in backward.
+struct Probe : torch::autograd::Function<Probe> {
+  static std::function<void()> seen;
+  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list g) {
+    if (seen) seen();
+    return {g[0]};
+  }
+};
+std::function<void()> Probe::seen;
+
+// Note [Rerun gradients]: under backward(), a rerun adds a parameter's gradient to .grad as
+// soon as it is computed (w2's before the rerun reaches w1), as the plain graph does, instead
+// of holding every gradient of the unit until its rerun is done; under autograd::grad nothing
+// is added to .grad and the gradients come back from the checkpoint. Either way they equal
+// the plain ones bitwise.
+TEST(Checkpoint, RerunAddsParameterGradientsAsSoonAsComputedUnderBackward) {
+  torch::manual_seed(2);
+  auto w1 = torch::randn({8, 8}, torch::requires_grad()), w2 = torch::randn({8, 8}, torch::requires_grad());
+  const auto x = torch::randn({4, 8});
+  auto fn = [&](const std::vector<torch::Tensor>& in) { return Probe::apply(in[0].mm(w1).tanh()).mm(w2); };
+  std::vector<bool> w2_grad_ready;
+  Probe::seen = [&] { w2_grad_ready.push_back(w2.grad().defined()); };
+  fn({x}).sum().backward();
+  const auto g1 = w1.grad().clone(), g2 = w2.grad().clone();
+  w1.mutable_grad() = torch::Tensor();
+  w2.mutable_grad() = torch::Tensor();
+  w2_grad_ready.clear();
+
+  lt::models::checkpoint(fn, {x}, {w1, w2}).sum().backward();
+  ASSERT_EQ(w2_grad_ready.size(), 1u);  // the rerun's probe (forward ran without grad: no node)
+  EXPECT_TRUE(w2_grad_ready[0]) << "the rerun held w2's gradient back";
+  EXPECT_TRUE(torch::equal(w1.grad(), g1));
+  EXPECT_TRUE(torch::equal(w2.grad(), g2));
+
+  w1.mutable_grad() = torch::Tensor();
+  w2.mutable_grad() = torch::Tensor();
+  w2_grad_ready.clear();
+  const auto g = torch::autograd::grad({lt::models::checkpoint(fn, {x}, {w1, w2}).sum()}, {w1, w2});
+  Probe::seen = nullptr;
+  ASSERT_EQ(w2_grad_ready.size(), 1u);
+  EXPECT_FALSE(w2_grad_ready[0]);
+  EXPECT_FALSE(w1.grad().defined());
+  EXPECT_FALSE(w2.grad().defined());
+  EXPECT_TRUE(torch::equal(g[0], g1));
+  EXPECT_TRUE(torch::equal(g[1], g2));
 }
 
 // Note [Dropout masks kept as bits]: a checkpointed function's dropout keeps one bit per

@@ -1,12 +1,15 @@
 // Packed block inputs (Note [Packed block inputs]): pack/unpack is exact in every dtype and
 // layout, the AVX-512 and portable kernels agree bit for bit, mask_relu's gradients are
-// relu's, and the bits shared with mask_relu are not reused after the tensor changed.
+// relu's, the bits shared with mask_relu are not reused after the tensor changed, and a
+// convolution keeping its input packed has conv's gradients and holds only the pack.
 #include <gtest/gtest.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <limits>
 
 #include "leantrain/models/packed_activation.h"
+#include "leantrain/runtime/memory_meter.h"
 
 namespace {
 
@@ -176,6 +179,96 @@ TEST(PackedActivation, FillWhereMatchesElementwiseDivision) {
                                                 torch::ones({1}, draw.options()).div_(1 - p));
         EXPECT_TRUE(bitwise_equal(got, expected));
       }
+  }
+}
+
+// CPU autocast to bf16 for a scope (the state a checkpoint's rerun restores).
+struct Bf16Autocast {
+  Bf16Autocast() {
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+  }
+  ~Bf16Autocast() {
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+  }
+};
+
+// Note [Packed input kept through the rerun]: conv_keeping_packed_input's output and
+// gradients (input, weight, bias) are conv's bitwise: fp32 and under bf16 autocast, NCHW and
+// channels-last, with stride, padding, dilation, groups and a bias.
+TEST(PackedActivation, ConvKeepingPackedInputHasConvsGradientsBitwise) {
+  struct Case {
+    torch::nn::Conv2dOptions options;
+    int64_t in_channels;
+  };
+  const std::vector<Case> cases{
+      {torch::nn::Conv2dOptions(8, 16, 1).bias(false), 8},
+      {torch::nn::Conv2dOptions(8, 6, 3).stride(2).padding(1).bias(true), 8},
+      {torch::nn::Conv2dOptions(8, 4, 3).padding(2).dilation(2).groups(2).bias(true), 8},
+  };
+  for (size_t ci = 0; ci < cases.size(); ++ci)
+    for (bool autocast : {false, true})
+      for (bool channels_last : {false, true}) {
+        SCOPED_TRACE(c10::str("case ", ci, " autocast ", autocast, " channels-last ", channels_last));
+        torch::manual_seed(11);
+        torch::nn::Conv2d conv(cases[ci].options);
+        auto x = sparse({3, cases[ci].in_channels, 11, 9}, 0.4, torch::kFloat, 12);
+        if (channels_last) {
+          x = x.contiguous(at::MemoryFormat::ChannelsLast);
+          conv->weight.set_data(conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
+        }
+        auto run = [&](bool packed) {
+          for (auto& p : conv->parameters()) p.mutable_grad() = torch::Tensor();
+          auto in = x.clone().requires_grad_(true);
+          torch::Tensor y;
+          {
+            std::optional<Bf16Autocast> ac;
+            if (autocast) ac.emplace();
+            y = packed ? lt::models::conv_keeping_packed_input(*conv, in, pack_tensor(x)) : conv->forward(in);
+          }
+          torch::manual_seed(13);
+          y.backward(torch::randn(y.sizes()).to(y.scalar_type()));
+          std::vector<torch::Tensor> out{y.detach(), in.grad()};
+          for (auto& p : conv->parameters()) out.push_back(p.grad());
+          return out;
+        };
+        const auto plain = run(false), packed = run(true);
+        ASSERT_EQ(plain.size(), packed.size());
+        EXPECT_EQ(plain[0].scalar_type(), autocast ? torch::kBFloat16 : torch::kFloat);
+        for (size_t i = 0; i < plain.size(); ++i) {
+          ASSERT_TRUE(packed[i].defined()) << i;
+          EXPECT_EQ(plain[i].scalar_type(), packed[i].scalar_type()) << i;
+          EXPECT_TRUE(torch::equal(plain[i], packed[i])) << i;
+        }
+      }
+}
+
+// The unpacked input lives only while the forward runs; the node keeps the pack, lets it go
+// in its backward, and refuses a second backward by name.
+TEST(PackedActivation, ConvKeepingPackedInputHoldsOnlyThePack) {
+  lt::MemoryMeter meter(-1);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(16, 4, 1).bias(false));
+  const auto x = sparse({4, 16, 32, 32}, 0.5, torch::kFloat, 3);
+  auto stand_in = torch::zeros({}).expand(x.sizes()).contiguous().requires_grad_(true);
+  auto packed = std::make_optional(pack_tensor(x));
+  const int64_t pack_bytes = packed_bytes(*packed);
+  ASSERT_LT(pack_bytes, x.nbytes());
+  const auto before = meter.stats().current_bytes;
+  auto y = lt::models::conv_keeping_packed_input(*conv, stand_in, *packed);
+  packed.reset();  // the node's copy is what is left
+  const auto held = meter.stats().current_bytes - before;
+  EXPECT_LE(held, static_cast<int64_t>(y.nbytes()) + 4096) << "more than the output is held beyond the pack";
+  EXPECT_GE(held, static_cast<int64_t>(y.nbytes())) << "the pack was let go before the backward";
+  auto loss = y.sum();
+  loss.backward({}, /*retain_graph=*/true);
+  EXPECT_TRUE(stand_in.grad().defined());
+  try {
+    loss.backward();
+    FAIL() << "a second backward through the packed convolution was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("conv_keeping_packed_input: differentiated twice"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -21,7 +21,10 @@ using RecomputeFn = std::function<torch::Tensor(const std::vector<torch::Tensor>
 /// differentiates that rerun with respect to `inputs` and `params` (the parameters fn
 /// reads: they must be passed so their gradients flow). `buffers_of`, when given, has its
 /// buffers (BatchNorm running statistics) restored after the rerun, so they are updated once.
-/// Outside grad mode it is just fn(inputs).
+/// Outside grad mode it is just fn(inputs). When the backward that differentiates it is a
+/// plain backward(), the parameters' gradients are added to their .grad as soon as the rerun
+/// computes them (Note [Rerun gradients]): pass each parameter to one checkpoint, or the
+/// order of that addition can differ from the uncheckpointed graph's by rounding.
 torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params,
                          torch::nn::Module* buffers_of = nullptr);
@@ -29,11 +32,12 @@ torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& input
 torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params,
                          const std::vector<torch::nn::Module*>& buffers_of);
-/// The same for one input that is kept packed (`packed` = pack_tensor(x)) instead of whole,
-/// and rebuilt exactly before the rerun (Note [Packed block inputs]). Units that share an
-/// input share its packed tensors.
-torch::Tensor checkpoint(RecomputeFn fn, const torch::Tensor& x, const PackedTensor& packed,
-                         const std::vector<torch::Tensor>& params,
+/// rest({first(x)}), checkpointed, with x kept packed (`packed` = pack_tensor(x)) instead of
+/// whole (Note [Packed block inputs]): the rerun rebuilds x only inside first's forward, and
+/// first's backward rebuilds it again (Note [Packed input kept through the rerun]). Units
+/// that share an input share its packed tensors; `first` must be among `params`' owners.
+torch::Tensor checkpoint(torch::nn::Conv2dImpl& first, RecomputeFn rest, const torch::Tensor& x,
+                         const PackedTensor& packed, const std::vector<torch::Tensor>& params,
                          const std::vector<torch::nn::Module*>& buffers_of);
 
 /// torch::dropout(x, p, train), bitwise, except inside a checkpointed function on the CPU:

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <torch/nn/modules/conv.h>
 #include <torch/types.h>
 
 namespace lt::models {
@@ -42,6 +43,12 @@ at::Tensor fill_where(const at::Tensor& bits, const at::Tensor& like, const at::
 /// rather than the output itself: gradients equal relu's bitwise.
 at::Tensor mask_relu(const at::Tensor& x);
 
+/// conv(unpack_tensor(packed)) that keeps `packed` for its backward instead of the unpacked
+/// input, which lives only while the forward runs; backward unpacks it again (Note [Packed
+/// input kept through the rerun]). `x_edge` stands in for the input: the gradient flows to
+/// it, it has the input's sizes and dtype, and its values are not read. Gradients are
+/// conv's, bitwise. Needs explicit zero padding.
+at::Tensor conv_keeping_packed_input(torch::nn::Conv2dImpl& conv, const at::Tensor& x_edge, const PackedTensor& packed);
 /// Whether the CPU kernels above use AVX-512 (detected at startup: AVX-512 F, BW and VBMI2);
 /// set_packing_vector_kernels(false) makes them use the portable loops (tests compare the
 /// two). Returns the previous setting.

@@ -49,8 +49,11 @@ class DownsampleImpl : public torch::nn::Module {
 class ResidualBlockImpl : public BlockImpl {
  public:
   torch::Tensor forward(const torch::Tensor& x) override;
-  /// The convs and BNs before the sum, without the shortcut.
-  virtual torch::Tensor branch(const torch::Tensor& x) = 0;
+  /// The convs and BNs before the sum, without the shortcut: branch_tail(conv1(x)).
+  torch::Tensor branch(const torch::Tensor& x) { return branch_tail(first_conv().forward(x)); }
+  /// The branch's first convolution, and what follows it.
+  virtual torch::nn::Conv2dImpl& first_conv() = 0;
+  virtual torch::Tensor branch_tail(const torch::Tensor& h) = 0;
   /// The modules branch() runs (their parameters and buffers are the unit's).
   virtual std::vector<torch::nn::Module*> branch_modules() = 0;
   /// On: in training with autograd, branch and shortcut are checkpointed units of their own.
@@ -74,7 +77,8 @@ class BasicBlockImpl : public ResidualBlockImpl {
  public:
   static constexpr int64_t kExpansion = 1;
   BasicBlockImpl(int64_t in, int64_t planes, int64_t stride);
-  torch::Tensor branch(const torch::Tensor& x) override;
+  torch::nn::Conv2dImpl& first_conv() override { return *conv1; }
+  torch::Tensor branch_tail(const torch::Tensor& h) override;
   std::vector<torch::nn::Module*> branch_modules() override;
 
   torch::nn::Conv2d conv1{nullptr};
@@ -87,7 +91,8 @@ class BottleneckImpl : public ResidualBlockImpl {
  public:
   static constexpr int64_t kExpansion = 4;
   BottleneckImpl(int64_t in, int64_t planes, int64_t stride);
-  torch::Tensor branch(const torch::Tensor& x) override;
+  torch::nn::Conv2dImpl& first_conv() override { return *conv1; }
+  torch::Tensor branch_tail(const torch::Tensor& h) override;
   std::vector<torch::nn::Module*> branch_modules() override;
 
   torch::nn::Conv2d conv1{nullptr};
