@@ -478,7 +478,8 @@ namespace {
 //    the downsample shortcut, with the sum and the final ReLU outside them. Under `full`
 //    the ReLU keeps one bit per element (mask_relu), and both units keep the block input
 //    packed, as its nonzero values and those bits (Note [Packed block inputs], Note [Shared
-//    ReLU bits]); under `selective` the ReLU's saved output is the block input they keep;
+//    ReLU bits]), which each unit's first convolution rebuilds in the rerun (Note [Packed
+//    input kept through the rerun]); under `selective` the ReLU's saved output is the block input they keep;
 //    the ReLU's backward runs before the rerun and frees the block's output gradient; and
 //    the sum and ReLU are not recomputed. The same ops run in the same order as the plain
 //    block, so fp32 gradients stay bitwise equal.

@@ -18,11 +18,11 @@ namespace lt::models {
 // 0.26x of the whole un-checkpointed activation memory, so `full` could not reach 0.25x
 // however small its reruns. ReLU outputs are exactly zero in a third to a half of their
 // elements, so each split block keeps its input as the nonzero values plus one bit per
-// element (pack_tensor) and rebuilds it exactly before the rerun; a tensor where that
-// would not be smaller (the stem's max-pool output is nearly dense) is kept as it is. For
-// that to free anything, nothing else may hold the full tensor: the ReLU after the
-// residual sum, whose autograd node would save its output, is mask_relu, which saves one
-// bit per element instead. Packing and unpacking copy bit patterns exactly (only -0.0
+// element (pack_tensor) and rebuilds it exactly in the rerun (Note [Packed input kept
+// through the rerun]); a tensor where that would not be smaller (the stem's max-pool
+// output is nearly dense) is kept as it is. For that to free anything, nothing else may
+// hold the full tensor: the ReLU after the residual sum, whose autograd node would save
+// its output, is mask_relu, which saves one bit per element instead. Packing and unpacking copy bit patterns exactly (only -0.0
 // becomes +0.0, which no convolution can tell apart), so fp32 gradients stay bitwise equal.
 // This is "sparse storage, dense compute" of Gist (Jain et al., ISCA 2018), without its
 // lossy encodings.
