@@ -22,8 +22,9 @@ namespace lt::models {
 // through the rerun]); a tensor where that would not be smaller (the stem's max-pool
 // output is nearly dense) is kept as it is. For that to free anything, nothing else may
 // hold the full tensor: the ReLU after the residual sum, whose autograd node would save
-// its output, is mask_relu, which saves one bit per element instead. Packing and unpacking copy bit patterns exactly (only -0.0
-// becomes +0.0, which no convolution can tell apart), so fp32 gradients stay bitwise equal.
+// its output, is mask_relu, which saves one bit per element instead. Packing and unpacking
+// copy bit patterns exactly (only -0.0 becomes +0.0, which no convolution can tell apart),
+// so fp32 gradients stay bitwise equal.
 // This is "sparse storage, dense compute" of Gist (Jain et al., ISCA 2018), without its
 // lossy encodings.
 //
