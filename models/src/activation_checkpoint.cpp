@@ -83,6 +83,10 @@ struct Recompute : torch::CustomClassHolder {
   bool packed_requires_grad = false;
   // With a pack: the convolution fn's input goes through first (fn gets its output).
   torch::nn::Conv2dImpl* first_conv = nullptr;
+  // The BatchNorm fn's output goes through, and the batch statistics it used (Note [A unit's
+  // last BatchNorm is not rerun]; undefined where it was not recorded).
+  torch::nn::BatchNorm2dImpl* last_bn = nullptr;
+  at::Tensor bn_mean, bn_invstd;
   // Its parameters are read by other checkpointed functions too: return their gradients
   // (Note [Rerun gradients]).
   bool shared_params = false;
@@ -182,6 +186,77 @@ torch::autograd::variable_list differentiate_rerun(at::Tensor out, const at::Ten
   return grads;
 }
 
+// Note [A unit's last BatchNorm is not rerun]
+// A ResNet unit ends with a BatchNorm (bn3 of a bottleneck's branch, the shortcut's bn), and
+// nothing in the unit's backward reads that BatchNorm's output: its backward needs its
+// input, weight and batch statistics, and the unit's output is let go before the rerun is
+// differentiated (Note [Rerun gradients]). The rerun computed it anyway, with the statistics
+// pass before it: those BatchNorms are the widest of a bottleneck (4x the channels of bn1
+// and bn2). So on the CPU the first forward runs that BatchNorm as the module does
+// (at::native_batch_norm, which at::batch_norm calls there, with the module's momentum and
+// num_batches_tracked), keeps the two per-channel statistics it returns, and the rerun ends
+// with a node that holds the BatchNorm's input and those statistics and whose backward is
+// at::native_batch_norm_backward with them, the call autograd's NativeBatchNormBackward0
+// makes: bitwise the same gradients, no output and no statistics pass in the rerun. Its
+// "output" is a one-element stand-in of the output's sizes. On CUDA (cuDNN's BatchNorm has a
+// backward of its own) and outside training with running statistics, the module runs as is.
+
+at::Tensor batch_norm_keeping_stats(torch::nn::BatchNorm2dImpl& bn, const at::Tensor& x, at::Tensor& mean,
+                                    at::Tensor& invstd) {
+  mean.reset();
+  invstd.reset();
+  const auto& o = bn.options;
+  if (!x.device().is_cpu() || !bn.is_training() || !o.track_running_stats() || !bn.num_batches_tracked.defined() ||
+      x.dim() != 4 || x.size(0) * x.size(2) * x.size(3) == 1)
+    return bn.forward(x);  // including the module's errors for a wrong input
+  // What BatchNormImplBase::forward does before it calls F::batch_norm.
+  bn.num_batches_tracked += 1;
+  const double factor = o.momentum() ? *o.momentum() : 1.0 / bn.num_batches_tracked.item<double>();
+  auto [out, m, s] = at::native_batch_norm(x, bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                                           /*training=*/true, factor, o.eps());
+  mean = m;
+  invstd = s;
+  return out;
+}
+
+class BatchNormTail : public torch::autograd::Function<BatchNormTail> {
+ public:
+  // params: the weight and bias where the BatchNorm is affine.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                at::TensorList params, at::Tensor mean, at::Tensor invstd, double eps) {
+    std::vector<at::Tensor> saved{x, mean, invstd};
+    saved.insert(saved.end(), params.begin(), params.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["eps"] = eps;
+    return {at::empty_strided(x.sizes(), std::vector<int64_t>(x.dim(), 0), x.options())};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const bool affine = saved.size() > 3;
+    const at::Tensor weight = affine ? saved[3] : at::Tensor();
+    auto [gx, gw, gb] = at::native_batch_norm_backward(
+        grad_out[0], saved[0], weight, at::Tensor(), at::Tensor(), saved[1], saved[2], /*train=*/true,
+        ctx->saved_data["eps"].toDouble(),
+        {ctx->needs_input_grad(0), affine && ctx->needs_input_grad(1), affine && ctx->needs_input_grad(2)});
+    torch::autograd::variable_list grads{gx};
+    if (affine) {
+      grads.push_back(gw);
+      grads.push_back(gb);
+    }
+    grads.resize(grads.size() + 3);  // mean, invstd, eps
+    return grads;
+  }
+};
+
+at::Tensor batch_norm_tail(torch::nn::BatchNorm2dImpl& bn, const at::Tensor& x, const at::Tensor& mean,
+                           const at::Tensor& invstd) {
+  std::vector<at::Tensor> params;
+  if (bn.options.affine()) params = {bn.weight, bn.bias};
+  return BatchNormTail::apply(x, at::TensorList(params), mean, invstd, bn.options.eps())[0];
+}
+
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -208,6 +283,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       CastCacheOff no_cache;
       TapeScope tape(&rc->tape);
       out = rc->first_conv ? rc->fn({rc->first_conv->forward(in[0])}) : rc->fn(in);
+      if (rc->last_bn) out = batch_norm_keeping_stats(*rc->last_bn, out, rc->bn_mean, rc->bn_invstd);
     }
     std::vector<at::Tensor> to_save;
     if (rc->pack) {
@@ -283,6 +359,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         rc->tape.next = 0;
         TapeScope tape(&rc->tape);
         out = packed ? rc->fn({conv_keeping_packed_input(*rc->first_conv, inputs[0], *rc->pack)}) : rc->fn(inputs);
+        if (rc->last_bn)
+          out = rc->bn_mean.defined() ? batch_norm_tail(*rc->last_bn, out, rc->bn_mean, rc->bn_invstd)
+                                      : rc->last_bn->forward(out);
         TORCH_CHECK(rc->tape.next == rc->tape.bits.size(), "checkpoint: the rerun applied ", rc->tape.next,
                     " dropout masks, its forward drew ", rc->tape.bits.size(),
                     " (a checkpointed function must take the same path twice)");
@@ -332,11 +411,15 @@ torch::Tensor checkpointed_core(const AttentionCore& core, const torch::Tensor& 
 torch::Tensor apply_checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                                const std::vector<torch::Tensor>& params,
                                const std::vector<torch::nn::Module*>& buffers_of, std::optional<PackedTensor> pack,
-                               bool shared_params = false, torch::nn::Conv2dImpl* first_conv = nullptr) {
-  if (!torch::GradMode::is_enabled()) return first_conv ? fn({first_conv->forward(inputs[0])}) : fn(inputs);
+                               bool shared_params = false, const ConvUnit* unit = nullptr) {
+  if (!torch::GradMode::is_enabled())
+    return unit ? unit->last->forward(fn({unit->first->forward(inputs[0])})) : fn(inputs);
   auto rc = c10::make_intrusive<Recompute>();
   rc->fn = std::move(fn);
-  rc->first_conv = first_conv;
+  if (unit) {
+    rc->first_conv = unit->first;
+    rc->last_bn = unit->last;
+  }
   rc->shared_params = shared_params;
   rc->buffers_of = buffers_of;
   rc->pack = std::move(pack);
@@ -350,9 +433,11 @@ torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& input
   return apply_checkpoint(std::move(fn), inputs, params, buffers_of, std::nullopt);
 }
 
-torch::Tensor checkpoint(torch::nn::Conv2dImpl& first, RecomputeFn rest, const torch::Tensor& x, const PackedTensor& packed,
+torch::Tensor checkpoint(const ConvUnit& unit, const torch::Tensor& x, const PackedTensor& packed,
                          const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
-  return apply_checkpoint(std::move(rest), {x}, params, buffers_of, packed, /*shared_params=*/false, &first);
+  TORCH_CHECK(unit.first && unit.last && unit.middle, "checkpoint: a ConvUnit needs its first convolution, its "
+                                                      "middle and its last BatchNorm");
+  return apply_checkpoint(unit.middle, {x}, params, buffers_of, packed, /*shared_params=*/false, &unit);
 }
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {

@@ -96,16 +96,19 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
   // Note [Packed block inputs]: both units keep x as one packed copy, and the ReLU keeps a
   // bit mask, so nothing holds x itself once the next block has run.
   const auto packed = pack_tensor(x);
-  auto tail_fn = [this](const std::vector<torch::Tensor>& in) { return branch_tail(in[0]); };
-  auto down_bn_fn = [this](const std::vector<torch::Tensor>& in) { return down->bn(in[0]); };
-  auto y = checkpoint(first_conv(), tail_fn, x, packed, params, modules);
-  auto shortcut = down ? checkpoint(*down->conv, down_bn_fn, x, packed, down->parameters(), down_modules) : x;
+  const ConvUnit branch_unit{&first_conv(), [this](const std::vector<torch::Tensor>& in) { return branch_middle(in[0]); },
+                             &last_bn()};
+  auto y = checkpoint(branch_unit, x, packed, params, modules);
+  torch::Tensor shortcut = x;
+  if (down) {
+    const ConvUnit down_unit{down->conv.get(), [](const std::vector<torch::Tensor>& in) { return in[0]; }, down->bn.get()};
+    shortcut = checkpoint(down_unit, x, packed, down->parameters(), down_modules);
+  }
   return mask_relu(y + shortcut);
 }
 
-torch::Tensor BasicBlockImpl::branch_tail(const torch::Tensor& h) {
-  auto y = torch::relu(bn1(h));
-  return bn2(conv2(y));
+torch::Tensor BasicBlockImpl::branch_middle(const torch::Tensor& h) {
+  return conv2(torch::relu(bn1(h)));
 }
 
 std::vector<torch::nn::Module*> BasicBlockImpl::branch_modules() {
@@ -125,10 +128,10 @@ BottleneckImpl::BottleneckImpl(int64_t in, int64_t planes, int64_t stride) {
   }
 }
 
-torch::Tensor BottleneckImpl::branch_tail(const torch::Tensor& h) {
+torch::Tensor BottleneckImpl::branch_middle(const torch::Tensor& h) {
   auto y = torch::relu(bn1(h));
   y = torch::relu(bn2(conv2(y)));
-  return bn3(conv3(y));
+  return conv3(y);
 }
 
 std::vector<torch::nn::Module*> BottleneckImpl::branch_modules() {

@@ -195,6 +195,23 @@ TEST(Checkpoint, ResNetLayoutsBitwiseEqualAndSameFunction) {
   }
 }
 
+// Under bf16 autocast too, a checkpointed ResNet's gradients, loss and BatchNorm statistics
+// are the plain model's bitwise: the rerun's packed convolutions cast as autocast does (Note
+// [Packed input kept through the rerun]) and a unit's last BatchNorm, run by the first
+// forward without the module, is the module's (Note [A unit's last BatchNorm is not rerun]).
+TEST(Checkpoint, ResNetBf16CheckpointsBitwiseEqual) {
+  auto c = tiny("resnet_bottleneck");
+  for (const char* format : {"contiguous", "channels_last"})
+    for (const char* policy : {"full", "selective"}) {
+      SCOPED_TRACE(std::string(format) + " " + policy);
+      c.memory_format = format;
+      auto plain = run(c, "none", "bf16"), ck = run(c, policy, "bf16");
+      EXPECT_EQ(plain.loss, ck.loss);
+      for (auto& [name, g] : plain.grads) EXPECT_TRUE(torch::equal(g, ck.grads[name])) << name;
+      for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, ck.buffers[name])) << "buffer " << name;
+    }
+}
+
 TEST(Checkpoint, BatchNormStatisticsUpdatedOnce) {
   for (const char* kind : {"resnet", "resnet_bottleneck"})
     for (const char* policy : {"full", "selective", "every:2"}) {

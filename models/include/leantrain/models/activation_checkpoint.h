@@ -8,6 +8,8 @@
 #include <vector>
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
 
 #include "leantrain/models/model.h"
 #include "leantrain/models/packed_activation.h"
@@ -32,13 +34,19 @@ torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& input
 torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params,
                          const std::vector<torch::nn::Module*>& buffers_of);
-/// rest({first(x)}), checkpointed, with x kept packed (`packed` = pack_tensor(x)) instead of
-/// whole (Note [Packed block inputs]): the rerun rebuilds x only inside first's forward, and
-/// first's backward rebuilds it again (Note [Packed input kept through the rerun]). Units
-/// that share an input share its packed tensors; `first` must be among `params`' owners.
-torch::Tensor checkpoint(torch::nn::Conv2dImpl& first, RecomputeFn rest, const torch::Tensor& x,
-                         const PackedTensor& packed, const std::vector<torch::Tensor>& params,
-                         const std::vector<torch::nn::Module*>& buffers_of);
+/// A unit that begins with a convolution and ends with a BatchNorm: last(middle({first(x)})).
+struct ConvUnit {
+  torch::nn::Conv2dImpl* first = nullptr;
+  RecomputeFn middle;
+  torch::nn::BatchNorm2dImpl* last = nullptr;
+};
+/// A ConvUnit, checkpointed, with x kept packed (`packed` = pack_tensor(x)) instead of whole
+/// (Note [Packed block inputs]): the rerun rebuilds x only inside first's forward, and
+/// first's backward rebuilds it again (Note [Packed input kept through the rerun]); the rerun
+/// does not compute last's output (Note [A unit's last BatchNorm is not rerun]). Units that
+/// share an input share its packed tensors. `params` are first's, middle's and last's.
+torch::Tensor checkpoint(const ConvUnit& unit, const torch::Tensor& x, const PackedTensor& packed,
+                         const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of);
 
 /// torch::dropout(x, p, train), bitwise, except inside a checkpointed function on the CPU:
 /// there the mask is kept as one bit per element, and the rerun applies it instead of

@@ -49,11 +49,13 @@ class DownsampleImpl : public torch::nn::Module {
 class ResidualBlockImpl : public BlockImpl {
  public:
   torch::Tensor forward(const torch::Tensor& x) override;
-  /// The convs and BNs before the sum, without the shortcut: branch_tail(conv1(x)).
-  torch::Tensor branch(const torch::Tensor& x) { return branch_tail(first_conv().forward(x)); }
-  /// The branch's first convolution, and what follows it.
+  /// The convs and BNs before the sum, without the shortcut:
+  /// last_bn(branch_middle(first_conv(x))).
+  torch::Tensor branch(const torch::Tensor& x) { return last_bn().forward(branch_middle(first_conv().forward(x))); }
+  /// The branch's first convolution, what follows it up to its last BatchNorm, and that BatchNorm.
   virtual torch::nn::Conv2dImpl& first_conv() = 0;
-  virtual torch::Tensor branch_tail(const torch::Tensor& h) = 0;
+  virtual torch::Tensor branch_middle(const torch::Tensor& h) = 0;
+  virtual torch::nn::BatchNorm2dImpl& last_bn() = 0;
   /// The modules branch() runs (their parameters and buffers are the unit's).
   virtual std::vector<torch::nn::Module*> branch_modules() = 0;
   /// On: in training with autograd, branch and shortcut are checkpointed units of their own.
@@ -78,7 +80,8 @@ class BasicBlockImpl : public ResidualBlockImpl {
   static constexpr int64_t kExpansion = 1;
   BasicBlockImpl(int64_t in, int64_t planes, int64_t stride);
   torch::nn::Conv2dImpl& first_conv() override { return *conv1; }
-  torch::Tensor branch_tail(const torch::Tensor& h) override;
+  torch::Tensor branch_middle(const torch::Tensor& h) override;
+  torch::nn::BatchNorm2dImpl& last_bn() override { return *bn2; }
   std::vector<torch::nn::Module*> branch_modules() override;
 
   torch::nn::Conv2d conv1{nullptr};
@@ -92,7 +95,8 @@ class BottleneckImpl : public ResidualBlockImpl {
   static constexpr int64_t kExpansion = 4;
   BottleneckImpl(int64_t in, int64_t planes, int64_t stride);
   torch::nn::Conv2dImpl& first_conv() override { return *conv1; }
-  torch::Tensor branch_tail(const torch::Tensor& h) override;
+  torch::Tensor branch_middle(const torch::Tensor& h) override;
+  torch::nn::BatchNorm2dImpl& last_bn() override { return *bn3; }
   std::vector<torch::nn::Module*> branch_modules() override;
 
   torch::nn::Conv2d conv1{nullptr};
