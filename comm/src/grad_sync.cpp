@@ -20,11 +20,15 @@ namespace {
 // c10d's Reducer uses — fires exactly once per parameter per backward, with .grad final:
 //  - a parameter used twice (GPT's tied embedding and head, the chunked LM loss) has one
 //    AccumulateGrad with several incoming edges: one run, after the last of them;
-//  - under activation checkpointing (models/activation_checkpoint.cpp) the recomputation
-//    calls autograd::grad(outputs, inputs + params): a nested backward with *inputs*
-//    captures the parameters' gradients and does not run their AccumulateGrad nodes (they
-//    are outputs, not needed). The captured gradients leave the checkpoint Function through
-//    its edges into the same AccumulateGrad of the outer backward, which then runs once.
+//  - under activation checkpointing (models/activation_checkpoint.cpp, Note [Rerun
+//    gradients]) a plain backward's rerun runs the parameters' AccumulateGrad nodes itself,
+//    each once, with the gradient, as soon as it is computed; the checkpoint Function then
+//    hands the outer backward no gradient for them, and the outer backward runs the same
+//    nodes once more with none, which adds nothing to .grad: the hook ignores a run whose
+//    input is undefined. (Under autograd::grad the rerun captures the gradients instead and
+//    the outer backward's run is the one with them.) A parameter read by several
+//    checkpointed functions (the LM head's chunks) is always returned to the outer backward,
+//    whose one AccumulateGrad run sums them.
 // The unit tests check both counts (tests/unit/test_comm.cpp). A second firing within one
 // synchronisation would mean the gradient was not final when the bucket was packed: it is
 // an error, not silently wrong sums.
@@ -41,8 +45,9 @@ class CallbackPostHook final : public torch::autograd::FunctionPostHook {
  public:
   explicit CallbackPostHook(std::function<void()> fn) : fn_(std::move(fn)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    fn_();
+                                            const torch::autograd::variable_list& inputs) override {
+    // A run without a gradient added nothing to .grad (see the Note).
+    if (!inputs.empty() && inputs[0].defined()) fn_();
     return outputs;
   }
 
