@@ -23,9 +23,9 @@ namespace {
 // the autocast state. backward() restores those, reruns fn with grad enabled on detached
 // copies of the inputs, and differentiates the rerun with the caller's autocast state back in
 // place (Note [Rerun gradients]) — never torch::autograd::backward() inside backward, which
-// misbehaved under autocast. The caller's RNG state and
-// autocast state are put back afterwards, and module buffers (BatchNorm running stats,
-// updated by the rerun) are restored from a snapshot so the recomputation leaves no trace.
+// misbehaved under autocast. The caller's RNG state and autocast state are put back
+// afterwards, and module buffers (BatchNorm running stats, updated by the rerun) are restored
+// from a snapshot so the recomputation leaves no trace.
 // The parameters are a TensorList argument: LibTorch's custom Function sees tensors in a
 // TensorList as inputs, but not those in a std::vector argument.
 
@@ -564,9 +564,9 @@ namespace {
 //    the ReLU keeps one bit per element (mask_relu), and both units keep the block input
 //    packed, as its nonzero values and those bits (Note [Packed block inputs], Note [Shared
 //    ReLU bits]), which each unit's first convolution rebuilds in the rerun (Note [Packed
-//    input kept through the rerun]); under `selective` the ReLU's saved output is the block input they keep;
-//    the ReLU's backward runs before the rerun and frees the block's output gradient; and
-//    the sum and ReLU are not recomputed. The same ops run in the same order as the plain
+//    input kept through the rerun]); under `selective` the ReLU's saved output is the block
+//    input they keep; the ReLU's backward runs before the rerun and frees the block's output
+//    gradient; and the sum and ReLU are not recomputed. The same ops run in the same order as the plain
 //    block, so fp32 gradients stay bitwise equal.
 //  - a rerun's output is let go before its graph is differentiated (Note [Rerun gradients]):
 //    neither a BatchNorm nor the sum saves it.
