@@ -60,9 +60,15 @@ if(LEANTRAIN_WITH_CUDA)
 endif()
 message(STATUS "leantrain: CUDA toolkit ${CUDAToolkit_VERSION}, NCCL: ${LEANTRAIN_HAVE_NCCL} ${LT_NCCL_LIBRARY}")
 
+# at::parallel_for is a header template whose ATen/ParallelOpenMP.h body is an OpenMP
+# parallel region compiled into the caller: without -fopenmp our own parallel loops (the
+# packed-activation kernels) ran on one thread. LibTorch's CMake config does not pass it on.
+# libgomp.so.1 is then one library in the process (LibTorch's, found first by its RPATH).
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
 # Every target that includes LibTorch reuses one precompiled header (same flags everywhere).
 function(leantrain_torch_target target)
-  target_link_libraries(${target} PUBLIC torch)
+  target_link_libraries(${target} PUBLIC torch OpenMP::OpenMP_CXX)
   target_compile_features(${target} PUBLIC cxx_std_17)
   if(TARGET leantrain_pch)
     target_precompile_headers(${target} REUSE_FROM leantrain_pch)
@@ -70,6 +76,6 @@ function(leantrain_torch_target target)
 endfunction()
 
 add_library(leantrain_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch.cpp)
-target_link_libraries(leantrain_pch PUBLIC torch)
+target_link_libraries(leantrain_pch PUBLIC torch OpenMP::OpenMP_CXX)
 target_precompile_headers(leantrain_pch PRIVATE <torch/torch.h>)
 set_target_properties(leantrain_pch PROPERTIES POSITION_INDEPENDENT_CODE OFF)

@@ -1,5 +1,7 @@
 #include "leantrain/models/packed_activation.h"
 
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -94,9 +96,14 @@ void select_portable(const U* g, int64_t lo, int64_t hi, const uint8_t* bits, U*
   for (int64_t k = lo; k < hi; ++k) dst[k] = g[k] & lane_mask<U>(bits, k);
 }
 
-template <typename U>
-void fill_portable(U one, int64_t lo, int64_t hi, const uint8_t* bits, U* dst) {
-  for (int64_t k = lo; k < hi; ++k) dst[k] = one & lane_mask<U>(bits, k);
+// x[k] * (value where bit k is set, else 0), as ATen multiplies two tensors of T: in
+// at::opmath_type<T> (float for bf16 and fp16), rounded to T.
+template <typename T>
+void scale_portable(const T* x, T value, int64_t lo, int64_t hi, const uint8_t* bits, T* dst) {
+  using Op = at::opmath_type<T>;
+  const Op v = static_cast<Op>(value);
+  for (int64_t k = lo; k < hi; ++k)
+    dst[k] = static_cast<T>(static_cast<Op>(x[k]) * (((bits[k >> 3] >> (k & 7)) & 1) ? v : Op(0)));
 }
 
 // ---- AVX-512: 16 lanes of 32 bits or 32 lanes of 16 bits per step ----
@@ -234,15 +241,70 @@ LT_AVX512 void select_avx512(const void* gv, int64_t lo, int64_t hi, const uint8
   }
 }
 
-template <int W, typename U>
-LT_AVX512 void fill_avx512(U one, int64_t lo, int64_t hi, const uint8_t* bits, void* dstv) {
-  using L = Lanes<W>;
-  char* dst = static_cast<char*>(dstv);
-  const __m512i v = L::broadcast(one);
-  for (int64_t k = lo; k < hi; k += L::kN) L::store(dst + k * W, L::low(hi - k), L::keep(read_mask<L>(bits, k, hi), v));
+LT_AVX512 void scale_avx512(const float* x, float value, int64_t lo, int64_t hi, const uint8_t* bits, float* dst) {
+  using L = Lanes<4>;
+  const __m512 v = _mm512_set1_ps(value);
+  int64_t k = lo;
+  for (; k + L::kN <= hi; k += L::kN) {
+    const __m512 s = _mm512_maskz_mov_ps(read_mask<L>(bits, k, hi), v);
+    _mm512_storeu_ps(dst + k, _mm512_mul_ps(_mm512_loadu_ps(x + k), s));
+  }
+  if (k < hi) {
+    const auto in = L::low(hi - k);
+    const __m512 s = _mm512_maskz_mov_ps(read_mask<L>(bits, k, hi), v);
+    _mm512_mask_storeu_ps(dst + k, in, _mm512_mul_ps(_mm512_maskz_loadu_ps(in, x + k), s));
+  }
+}
+
+// float -> bfloat16 as c10::BFloat16(float) rounds: to nearest even, a NaN to 0x7FC0.
+LT_AVX512 __m256i bf16_from_float(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+LT_AVX512 __m512 float_from_bf16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+LT_AVX512 void scale_avx512(const c10::BFloat16* x, c10::BFloat16 value, int64_t lo, int64_t hi, const uint8_t* bits,
+                            c10::BFloat16* dst) {
+  using L = Lanes<2>;
+  const __m512 v = _mm512_set1_ps(static_cast<float>(value));
+  for (int64_t k = lo; k < hi; k += L::kN) {
+    const auto in = L::low(hi - k);
+    const auto m = read_mask<L>(bits, k, hi);
+    const __m512i raw = _mm512_maskz_loadu_epi16(in, x + k);
+    const __m512 a = _mm512_mul_ps(float_from_bf16(_mm512_castsi512_si256(raw)),
+                                   _mm512_maskz_mov_ps(static_cast<__mmask16>(m), v));
+    const __m512 b = _mm512_mul_ps(float_from_bf16(_mm512_extracti64x4_epi64(raw, 1)),
+                                   _mm512_maskz_mov_ps(static_cast<__mmask16>(m >> 16), v));
+    const __m512i out = _mm512_inserti64x4(_mm512_castsi256_si512(bf16_from_float(a)), bf16_from_float(b), 1);
+    _mm512_mask_storeu_epi16(dst + k, in, out);
+  }
 }
 
 #undef LT_AVX512
+
+// One chunk of scale_where: the vector kernel for fp32 and bf16 where there is one.
+template <typename T>
+void scale_chunk(bool /*vec*/, const T* x, T value, int64_t lo, int64_t hi, const uint8_t* bits, T* dst) {
+  scale_portable(x, value, lo, hi, bits, dst);
+}
+template <typename T>
+void scale_chunk_vec(bool vec, const T* x, T value, int64_t lo, int64_t hi, const uint8_t* bits, T* dst) {
+  if (vec) return scale_avx512(x, value, lo, hi, bits, dst);
+  scale_portable(x, value, lo, hi, bits, dst);
+}
+void scale_chunk(bool vec, const float* x, float value, int64_t lo, int64_t hi, const uint8_t* bits, float* dst) {
+  scale_chunk_vec(vec, x, value, lo, hi, bits, dst);
+}
+void scale_chunk(bool vec, const c10::BFloat16* x, c10::BFloat16 value, int64_t lo, int64_t hi, const uint8_t* bits,
+                 c10::BFloat16* dst) {
+  scale_chunk_vec(vec, x, value, lo, hi, bits, dst);
+}
 
 // ---- one element width, one chunk: the vector kernel where there is one, else the loop ----
 
@@ -274,10 +336,6 @@ struct Kernels {
   static void select(bool vec, const void* g, int64_t lo, int64_t hi, const uint8_t* b, void* dst) {
     if constexpr (kVector) if (vec) return select_avx512<W>(g, lo, hi, b, dst);
     select_portable(static_cast<const U*>(g), lo, hi, b, static_cast<U*>(dst));
-  }
-  static void fill(bool vec, U one, int64_t lo, int64_t hi, const uint8_t* b, void* dst) {
-    if constexpr (kVector) if (vec) return fill_avx512<W>(one, lo, hi, b, dst);
-    fill_portable(one, lo, hi, b, static_cast<U*>(dst));
   }
 };
 
@@ -455,26 +513,32 @@ at::Tensor unpack_tensor(const PackedTensor& p) {
   return out;
 }
 
-at::Tensor fill_where(const at::Tensor& bits, const at::Tensor& like, const at::Tensor& value) {
-  TORCH_CHECK(packable(like), "fill_where: expected a dense floating-point tensor, got ", like.scalar_type(), " ",
-              like.sizes(), " with strides ", like.strides());
-  TORCH_CHECK(value.numel() == 1 && value.scalar_type() == like.scalar_type(), "fill_where: the value must be one ",
-              like.scalar_type(), " element, got ", value.numel(), " of ", value.scalar_type());
+at::Tensor scale_where(const at::Tensor& x, const at::Tensor& bits, const at::Tensor& value) {
+  TORCH_CHECK(packable(x), "scale_where: expected a dense floating-point tensor, got ", x.scalar_type(), " ",
+              x.sizes(), " with strides ", x.strides());
+  TORCH_CHECK(value.numel() == 1 && value.scalar_type() == x.scalar_type(), "scale_where: the value must be one ",
+              x.scalar_type(), " element, got ", value.numel(), " of ", value.scalar_type());
   at::NoGradGuard no_grad;
-  auto out = at::empty_like(like);
-  const int64_t n = out.numel();
-  TORCH_CHECK(bits.scalar_type() == at::kByte && bits.numel() == (n + 7) / 8, "fill_where: ", bits.numel(),
+  const int64_t n = x.numel();
+  TORCH_CHECK(bits.scalar_type() == at::kByte && bits.numel() == (n + 7) / 8, "scale_where: ", bits.numel(),
               " mask bytes for ", n, " elements");
-  if (!out.device().is_cpu()) {
-    flat(out).copy_(at::where(bits_to_bool(bits, n), value.reshape({}).to(out.device()), at::zeros({}, out.options())));
-    return out;
+  if (!x.device().is_cpu()) {
+    const auto scale = at::where(bits_to_bool(bits, n), value.reshape({}).to(x.device()), at::zeros({}, x.options()));
+    return x * scale.as_strided(x.sizes(), x.strides());  // bits are in x's memory order
   }
-  const auto one = value.contiguous().cpu();
+  auto out = at::empty_like(x);
   const bool vec = packing_vector_kernels();
-  for_each_chunk(n, out.element_size(), [&](auto k, int64_t, int64_t lo, int64_t hi) {
-    typename decltype(k)::U pattern;
-    std::memcpy(&pattern, one.data_ptr(), sizeof(pattern));
-    k.fill(vec, pattern, lo, hi, bits.data_ptr<uint8_t>(), out.data_ptr());
+  const uint8_t* b = bits.data_ptr<uint8_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "scale_where", [&] {
+    const scalar_t v = value.cpu().item<scalar_t>();
+    const scalar_t* src = x.const_data_ptr<scalar_t>();
+    scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c) {
+        const int64_t lo = c * kChunk, hi = std::min(n, (c + 1) * kChunk);
+        scale_chunk(vec, src, v, lo, hi, b, dst);
+      }
+    });
   });
   return out;
 }

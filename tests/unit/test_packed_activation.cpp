@@ -164,21 +164,31 @@ TEST(PackedActivation, SharedReluBitsFollowTheTensorsVersion) {
   }
 }
 
-// Dropout's replayed noise (Note [Dropout masks kept as bits]): the value written where a bit
-// is set is the one ATen's elementwise division gives, in every dtype and kernel.
-TEST(PackedActivation, FillWhereMatchesElementwiseDivision) {
+// A replayed dropout (Note [Dropout masks kept as bits]): scale_where(x, bits, value) is
+// x * noise bitwise, noise being the drawn mask divided by 1 - p as ATen divides it, in every
+// dtype, both kernels, NCHW and channels-last, with negative values, zeros and (fp32, fp64)
+// infinities, whose products with 0 are NaN.
+TEST(PackedActivation, ScaleWhereIsTheProductWithTheNoise) {
   for (bool vector : {true, false}) {
     KernelChoice kc(vector);
     for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf, torch::kDouble})
-      for (double p : {0.1, 0.3, 0.77}) {
-        SCOPED_TRACE(c10::str("vector ", vector, " ", dtype, " p ", p));
-        torch::manual_seed(3);
-        auto draw = torch::empty({5, 7, 33}, torch::TensorOptions().dtype(dtype)).bernoulli_(1 - p);
-        const auto expected = draw.clone().div_(1 - p);
-        const auto got = lt::models::fill_where(nonzero_bits(draw), draw,
-                                                torch::ones({1}, draw.options()).div_(1 - p));
-        EXPECT_TRUE(bitwise_equal(got, expected));
-      }
+      for (bool channels_last : {false, true})
+        for (double p : {0.1, 0.3, 0.77}) {
+          SCOPED_TRACE(c10::str("vector ", vector, " ", dtype, " cl ", channels_last, " p ", p));
+          torch::manual_seed(3);
+          auto x = torch::randn({5, 7, 33, 3}).mul_(100);
+          x.view(-1).narrow(0, 0, 40).zero_();
+          if (dtype == torch::kFloat || dtype == torch::kDouble) {
+            x.view(-1)[41] = std::numeric_limits<float>::infinity();
+            x.view(-1)[42] = -std::numeric_limits<float>::infinity();
+          }
+          x = x.to(dtype);
+          if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+          auto draw = torch::empty_like(x).bernoulli_(1 - p);
+          const auto expected = x * draw.clone().div_(1 - p);
+          const auto got = lt::models::scale_where(x, nonzero_bits(draw), torch::ones({1}, x.options()).div_(1 - p));
+          EXPECT_TRUE(bitwise_equal(got, expected));
+        }
   }
 }
 

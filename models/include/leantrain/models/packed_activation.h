@@ -34,10 +34,11 @@ int64_t packed_bytes(const PackedTensor& p);
 /// zero (a NaN is not zero; -0.0 is). Bit j of byte i is element 8i + j.
 at::Tensor nonzero_bits(const at::Tensor& x);
 
-/// A tensor with like's sizes, strides and dtype holding `value` (one element of like's
-/// dtype, copied bit for bit) where `bits` (nonzero_bits of a tensor of like's layout) has a
-/// bit set, and 0 elsewhere.
-at::Tensor fill_where(const at::Tensor& bits, const at::Tensor& like, const at::Tensor& value);
+/// x * s, where s has x's sizes and strides and holds `value` (one element of x's dtype) where
+/// `bits` (nonzero_bits of a tensor of x's layout) has a bit set and 0 elsewhere: the product
+/// ATen computes for x * s (in float for bf16 and fp16, rounded to nearest even), in one pass
+/// and without s. Only a NaN product's bit pattern can differ from ATen's vector loops.
+at::Tensor scale_where(const at::Tensor& x, const at::Tensor& bits, const at::Tensor& value);
 
 /// torch::relu(x) whose backward keeps one bit per element (where the output is not <= 0)
 /// rather than the output itself: gradients equal relu's bitwise.
