@@ -38,7 +38,7 @@ namespace {
 // checkpointed function keeps its mask as one bit per element (3 MiB for those probabilities,
 // against 96 MiB for the fp32 mask that un-checkpointed dropout saves) on the checkpoint's
 // tape, and the rerun multiplies by the noise those bits describe (1 / (1 - p) where the draw
-// was 1, else 0) in one pass without making it (scale_where), as torch::dropout multiplies
+// was 1, else 0) in one pass without making it (masked_scale), as torch::dropout multiplies
 // after its draw: the output is bitwise the same. The rerun's backward does the same to the
 // gradient, as the product's backward (grad * noise) does, so the rerun's graph keeps the
 // bits instead of the noise (3 MiB instead of 96 MiB per fp32 attention dropout).
@@ -443,36 +443,6 @@ torch::Tensor checkpoint(const ConvUnit& unit, const torch::Tensor& x, const Pac
   return apply_checkpoint(unit.middle, {x}, params, buffers_of, packed, /*shared_params=*/false, &unit);
 }
 
-namespace {
-
-// A replayed dropout: x times the noise its bits describe, and in backward the gradient times
-// the same noise, each one pass of scale_where instead of building the noise and multiplying
-// (Note [Dropout masks kept as bits]); the graph keeps the bits, not the noise.
-class DropoutReplay : public torch::autograd::Function<DropoutReplay> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                                                at::Tensor bits, at::Tensor value) {
-    ctx->saved_data["bits"] = bits;
-    ctx->saved_data["value"] = value;
-    ctx->saved_data["sizes"] = x.sizes().vec();
-    ctx->saved_data["strides"] = x.strides().vec();
-    return {scale_where(x, bits, value)};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_out) {
-    const auto strides = ctx->saved_data["strides"].toIntVector();
-    at::Tensor g = grad_out[0];
-    // The bits are in x's memory order: read the gradient in that layout.
-    if (g.strides() != at::IntArrayRef(strides))
-      g = at::empty_strided(ctx->saved_data["sizes"].toIntVector(), strides, g.options()).copy_(g);
-    return {scale_where(g, ctx->saved_data["bits"].toTensor(), ctx->saved_data["value"].toTensor()), at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-}  // namespace
-
 torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
   auto& tapes = dropout_tapes();
   if (tapes.empty() || !train || !(p > 0.0 && p < 1.0) || x.numel() == 0 || !x.device().is_cpu() ||
@@ -494,7 +464,7 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
     // alike (true division, in float for bf16/fp16), so one element divided is the value.
     // Forward drew into empty_like(x): x's layout where x is dense, else a contiguous one.
     const auto value = at::ones({1}, x.options()).div_(1 - p);
-    return DropoutReplay::apply(x.is_non_overlapping_and_dense() ? x : x.contiguous(), bits, value)[0];
+    return masked_scale(x.is_non_overlapping_and_dense() ? x : x.contiguous(), bits, value);
   }
   at::Tensor noise;
   {

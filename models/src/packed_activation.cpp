@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <optional>
+#include <type_traits>
 #include <variant>
 
 #include <atomic>
@@ -127,7 +128,6 @@ struct Lanes<4> {
   LT_AVX512 static __m512i expand(Mask m, __m512i v) { return _mm512_maskz_expand_epi32(m, v); }
   LT_AVX512 static __m512i keep(Mask m, __m512i v) { return _mm512_maskz_mov_epi32(m, v); }
   LT_AVX512 static int count(Mask m) { return _mm_popcnt_u32(m); }
-  LT_AVX512 static __m512i broadcast(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
 };
 
 template <>
@@ -144,7 +144,6 @@ struct Lanes<2> {
   LT_AVX512 static __m512i expand(Mask m, __m512i v) { return _mm512_maskz_expand_epi16(m, v); }
   LT_AVX512 static __m512i keep(Mask m, __m512i v) { return _mm512_maskz_mov_epi16(m, v); }
   LT_AVX512 static int count(Mask m) { return _mm_popcnt_u32(m); }
-  LT_AVX512 static __m512i broadcast(uint16_t v) { return _mm512_set1_epi16(static_cast<short>(v)); }
 };
 
 // The mask of elements [k, k + kN), read from or written to `bits` (k a multiple of 8;
@@ -290,20 +289,10 @@ LT_AVX512 void scale_avx512(const c10::BFloat16* x, c10::BFloat16 value, int64_t
 
 // One chunk of scale_where: the vector kernel for fp32 and bf16 where there is one.
 template <typename T>
-void scale_chunk(bool /*vec*/, const T* x, T value, int64_t lo, int64_t hi, const uint8_t* bits, T* dst) {
+void scale_chunk(bool vec, const T* x, T value, int64_t lo, int64_t hi, const uint8_t* bits, T* dst) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>)
+    if (vec) return scale_avx512(x, value, lo, hi, bits, dst);
   scale_portable(x, value, lo, hi, bits, dst);
-}
-template <typename T>
-void scale_chunk_vec(bool vec, const T* x, T value, int64_t lo, int64_t hi, const uint8_t* bits, T* dst) {
-  if (vec) return scale_avx512(x, value, lo, hi, bits, dst);
-  scale_portable(x, value, lo, hi, bits, dst);
-}
-void scale_chunk(bool vec, const float* x, float value, int64_t lo, int64_t hi, const uint8_t* bits, float* dst) {
-  scale_chunk_vec(vec, x, value, lo, hi, bits, dst);
-}
-void scale_chunk(bool vec, const c10::BFloat16* x, c10::BFloat16 value, int64_t lo, int64_t hi, const uint8_t* bits,
-                 c10::BFloat16* dst) {
-  scale_chunk_vec(vec, x, value, lo, hi, bits, dst);
 }
 
 // ---- one element width, one chunk: the vector kernel where there is one, else the loop ----
@@ -349,15 +338,18 @@ void by_width(int64_t w, F&& f) {
   }
 }
 
-// Runs f(kernels, c, lo, hi) for every chunk c = [lo, hi) of n elements of w bytes, chunks in
-// parallel, with the kernels of that width.
+// Runs f(c, lo, hi) for every chunk c = [lo, hi) of n elements, chunks in parallel.
+template <typename F>
+void parallel_chunks(int64_t n, F&& f) {
+  at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) f(c, c * kChunk, std::min(n, (c + 1) * kChunk));
+  });
+}
+
+// parallel_chunks with the kernels of w-byte elements: f(kernels, c, lo, hi).
 template <typename F>
 void for_each_chunk(int64_t n, int64_t w, F&& f) {
-  by_width(w, [&](auto k) {
-    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
-      for (int64_t c = cb; c < ce; ++c) f(k, c, c * kChunk, std::min(n, (c + 1) * kChunk));
-    });
-  });
+  by_width(w, [&](auto k) { parallel_chunks(n, [&](int64_t c, int64_t lo, int64_t hi) { f(k, c, lo, hi); }); });
 }
 
 bool packable(const at::Tensor& x) {
@@ -382,19 +374,17 @@ std::vector<int64_t> cpu_bits(const at::Tensor& x, uint8_t* bits) {
 
 std::vector<int64_t> cpu_offsets(const uint8_t* bits, int64_t n) {
   std::vector<int64_t> offset(chunks_of(n) + 1, 0);
-  at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
-    for (int64_t c = cb; c < ce; ++c) {
-      int64_t count = 0;
-      const int64_t lo = c * kChunk / 8, hi = (std::min(n, (c + 1) * kChunk) + 7) / 8;
-      int64_t i = lo;
-      for (; i + 8 <= hi; i += 8) {
-        uint64_t w;
-        std::memcpy(&w, bits + i, 8);
-        count += __builtin_popcountll(w);
-      }
-      for (; i < hi; ++i) count += __builtin_popcount(bits[i]);
-      offset[c + 1] = count;
+  parallel_chunks(n, [&](int64_t c, int64_t lo, int64_t hi) {
+    int64_t count = 0;
+    const int64_t end = (hi + 7) / 8;  // bytes
+    int64_t i = lo / 8;
+    for (; i + 8 <= end; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, bits + i, 8);
+      count += __builtin_popcountll(w);
     }
+    for (; i < end; ++i) count += __builtin_popcount(bits[i]);
+    offset[c + 1] = count;
   });
   for (size_t c = 1; c < offset.size(); ++c) offset[c] += offset[c - 1];
   return offset;
@@ -533,12 +523,7 @@ at::Tensor scale_where(const at::Tensor& x, const at::Tensor& bits, const at::Te
     const scalar_t v = value.cpu().item<scalar_t>();
     const scalar_t* src = x.const_data_ptr<scalar_t>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, chunks_of(n), 1, [&](int64_t cb, int64_t ce) {
-      for (int64_t c = cb; c < ce; ++c) {
-        const int64_t lo = c * kChunk, hi = std::min(n, (c + 1) * kChunk);
-        scale_chunk(vec, src, v, lo, hi, b, dst);
-      }
-    });
+    parallel_chunks(n, [&](int64_t, int64_t lo, int64_t hi) { scale_chunk(vec, src, v, lo, hi, b, dst); });
   });
   return out;
 }
@@ -549,6 +534,40 @@ int64_t packed_bytes(const PackedTensor& p) {
 }
 
 namespace {
+
+// The bits of mask_relu and masked_scale are in their tensor's memory order, so the backward
+// reads the gradient in that layout: save_layout keeps it, in_saved_layout copies a gradient
+// that arrives in another.
+void save_layout(torch::autograd::AutogradContext* ctx, const at::Tensor& t) {
+  ctx->saved_data["sizes"] = t.sizes().vec();
+  ctx->saved_data["strides"] = t.strides().vec();
+}
+
+at::Tensor in_saved_layout(torch::autograd::AutogradContext* ctx, const at::Tensor& g) {
+  const auto strides = ctx->saved_data["strides"].toIntVector();
+  if (g.strides() == at::IntArrayRef(strides)) return g;
+  return at::empty_strided(ctx->saved_data["sizes"].toIntVector(), strides, g.options()).copy_(g);
+}
+
+// scale_where with autograd: the gradient is scaled by the same noise, as the product's
+// backward (grad * noise) does; the graph keeps the bits, not the noise.
+class MaskedScale : public torch::autograd::Function<MaskedScale> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                at::Tensor bits, at::Tensor value) {
+    ctx->saved_data["bits"] = bits;
+    ctx->saved_data["value"] = value;
+    save_layout(ctx, x);
+    return {scale_where(x, bits, value)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    return {scale_where(in_saved_layout(ctx, grad_out[0]), ctx->saved_data["bits"].toTensor(),
+                        ctx->saved_data["value"].toTensor()),
+            at::Tensor(), at::Tensor()};
+  }
+};
 
 class MaskRelu : public torch::autograd::Function<MaskRelu> {
  public:
@@ -564,19 +583,15 @@ class MaskRelu : public torch::autograd::Function<MaskRelu> {
       last.version = out._version();
       last.bits = bits;
     }
-    ctx->saved_data["sizes"] = out.sizes().vec();
-    ctx->saved_data["strides"] = out.strides().vec();
+    save_layout(ctx, out);
     return {out};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
-    const auto sizes = ctx->saved_data["sizes"].toIntVector();
-    const auto strides = ctx->saved_data["strides"].toIntVector();
     const auto bits = ctx->get_saved_variables()[0];
-    at::Tensor g = grad_out[0];
-    if (g.strides() != at::IntArrayRef(strides)) g = at::empty_strided(sizes, strides, g.options()).copy_(g);
-    auto out = at::empty_strided(sizes, strides, g.options());
+    const at::Tensor g = in_saved_layout(ctx, grad_out[0]);
+    auto out = at::empty_strided(g.sizes(), g.strides(), g.options());
     const int64_t n = out.numel();
     if (!g.device().is_cpu()) {
       flat(out).copy_(at::where(bits_to_bool(bits, n), flat(g), at::zeros({}, g.options())));
@@ -671,8 +686,6 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
   }
 };
 
-std::vector<int64_t> int_vector(at::IntArrayRef a) { return a.vec(); }
-
 }  // namespace
 
 at::Tensor conv_keeping_packed_input(torch::nn::Conv2dImpl& conv, const at::Tensor& x_edge,
@@ -686,8 +699,12 @@ at::Tensor conv_keeping_packed_input(torch::nn::Conv2dImpl& conv, const at::Tens
   holder->pack = packed;
   std::vector<at::Tensor> params{conv.weight};
   if (conv.bias.defined()) params.push_back(conv.bias);
-  return PackedInputConv::apply(x_edge, at::TensorList(params), holder, int_vector(*o.stride()),
-                                int_vector(**padding), int_vector(*o.dilation()), o.groups())[0];
+  return PackedInputConv::apply(x_edge, at::TensorList(params), holder, at::IntArrayRef(o.stride()).vec(),
+                                at::IntArrayRef(*padding).vec(), at::IntArrayRef(o.dilation()).vec(), o.groups())[0];
+}
+
+at::Tensor masked_scale(const at::Tensor& x, const at::Tensor& bits, const at::Tensor& value) {
+  return MaskedScale::apply(x, bits, value)[0];
 }
 
 at::Tensor mask_relu(const at::Tensor& x) {

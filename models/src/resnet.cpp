@@ -85,12 +85,13 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
     auto p = m->parameters();
     params.insert(params.end(), p.begin(), p.end());
   }
-  auto branch_fn = [this](const std::vector<torch::Tensor>& in) { return branch(in[0]); };
-  auto down_fn = [this](const std::vector<torch::Tensor>& in) { return down->forward(in[0]); };
   const std::vector<torch::nn::Module*> down_modules{down.get()};
   if (!packed_input_) {
-    auto y = checkpoint(branch_fn, {x}, params, modules);
-    auto shortcut = down ? checkpoint(down_fn, {x}, down->parameters(), down_modules) : x;
+    auto y = checkpoint([this](const std::vector<torch::Tensor>& in) { return branch(in[0]); }, {x}, params, modules);
+    auto shortcut =
+        down ? checkpoint([this](const std::vector<torch::Tensor>& in) { return down->forward(in[0]); }, {x},
+                          down->parameters(), down_modules)
+             : x;
     return torch::relu(y + shortcut);
   }
   // Note [Packed block inputs]: both units keep x as one packed copy, and the ReLU keeps a

@@ -111,16 +111,31 @@ Run run(const lt::ModelConfig& c, const std::string& policy, const std::string& 
   return r;
 }
 
+// The checkpointed run's loss, gradients and buffers are the plain run's, bitwise.
+void expect_bitwise_equal(const Run& plain, const Run& ck) {
+  EXPECT_EQ(plain.loss, ck.loss);
+  ASSERT_EQ(plain.grads.size(), ck.grads.size());
+  for (auto& [name, g] : plain.grads) EXPECT_TRUE(torch::equal(g, ck.grads.at(name))) << name;
+  for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, ck.buffers.at(name))) << "buffer " << name;
+}
+
+// expect_bitwise_equal for the bottleneck ResNet in both layouts under full and selective.
+void expect_resnet_layouts_bitwise_equal(const std::string& precision) {
+  auto c = tiny("resnet_bottleneck");
+  for (const char* format : {"contiguous", "channels_last"})
+    for (const char* policy : {"full", "selective"}) {
+      SCOPED_TRACE(std::string(format) + " " + policy + " " + precision);
+      c.memory_format = format;
+      expect_bitwise_equal(run(c, "none", precision), run(c, policy, precision));
+    }
+}
+
 class CheckpointEquality : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(CheckpointEquality, Fp32GradientsBitwiseEqualWithDropout) {
   const auto [kind, policy] = GetParam();
   auto c = tiny(kind);
-  auto plain = run(c, "none"), ck = run(c, policy);
-  EXPECT_EQ(plain.loss, ck.loss);
-  ASSERT_EQ(plain.grads.size(), ck.grads.size());
-  for (auto& [name, g] : plain.grads) EXPECT_TRUE(torch::equal(g, ck.grads[name])) << name;
-  for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, ck.buffers[name])) << "buffer " << name;
+  expect_bitwise_equal(run(c, "none"), run(c, policy));
 }
 
 // Note [Rerun gradients]: under a plain backward() the reruns add the parameters' gradients
@@ -164,16 +179,8 @@ INSTANTIATE_TEST_SUITE_P(
 // weights and gradients stay channels-last; and the two layouts compute the same function up
 // to summation order.
 TEST(Checkpoint, ResNetLayoutsBitwiseEqualAndSameFunction) {
+  expect_resnet_layouts_bitwise_equal("fp32");
   auto c = tiny("resnet_bottleneck");
-  for (const char* format : {"contiguous", "channels_last"})
-    for (const char* policy : {"full", "selective"}) {
-      SCOPED_TRACE(std::string(format) + " " + policy);
-      c.memory_format = format;
-      auto plain = run(c, "none"), ck = run(c, policy);
-      EXPECT_EQ(plain.loss, ck.loss);
-      for (auto& [name, g] : plain.grads) EXPECT_TRUE(torch::equal(g, ck.grads[name])) << name;
-      for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, ck.buffers[name])) << "buffer " << name;
-    }
   c.memory_format = "channels_last";
   auto model = lt::models::build_model(c);
   int convs = 0;
@@ -199,18 +206,7 @@ TEST(Checkpoint, ResNetLayoutsBitwiseEqualAndSameFunction) {
 // are the plain model's bitwise: the rerun's packed convolutions cast as autocast does (Note
 // [Packed input kept through the rerun]) and a unit's last BatchNorm, run by the first
 // forward without the module, is the module's (Note [A unit's last BatchNorm is not rerun]).
-TEST(Checkpoint, ResNetBf16CheckpointsBitwiseEqual) {
-  auto c = tiny("resnet_bottleneck");
-  for (const char* format : {"contiguous", "channels_last"})
-    for (const char* policy : {"full", "selective"}) {
-      SCOPED_TRACE(std::string(format) + " " + policy);
-      c.memory_format = format;
-      auto plain = run(c, "none", "bf16"), ck = run(c, policy, "bf16");
-      EXPECT_EQ(plain.loss, ck.loss);
-      for (auto& [name, g] : plain.grads) EXPECT_TRUE(torch::equal(g, ck.grads[name])) << name;
-      for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, ck.buffers[name])) << "buffer " << name;
-    }
-}
+TEST(Checkpoint, ResNetBf16CheckpointsBitwiseEqual) { expect_resnet_layouts_bitwise_equal("bf16"); }
 
 TEST(Checkpoint, BatchNormStatisticsUpdatedOnce) {
   for (const char* kind : {"resnet", "resnet_bottleneck"})

@@ -39,6 +39,9 @@ at::Tensor nonzero_bits(const at::Tensor& x);
 /// ATen computes for x * s (in float for bf16 and fp16, rounded to nearest even), in one pass
 /// and without s. Only a NaN product's bit pattern can differ from ATen's vector loops.
 at::Tensor scale_where(const at::Tensor& x, const at::Tensor& bits, const at::Tensor& value);
+/// scale_where with autograd: its backward is scale_where of the gradient (read in x's
+/// layout), what the product's backward computes; the graph keeps the bits, not s.
+at::Tensor masked_scale(const at::Tensor& x, const at::Tensor& bits, const at::Tensor& value);
 
 /// torch::relu(x) whose backward keeps one bit per element (where the output is not <= 0)
 /// rather than the output itself: gradients equal relu's bitwise.
