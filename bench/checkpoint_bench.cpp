@@ -38,6 +38,8 @@
 #include <vector>
 
 #include "leantrain/checkpoint_io/checkpoint.h"
+#include "leantrain/comm/communicator.h"
+#include "leantrain/data/dataset.h"
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/files.h"
@@ -45,12 +47,32 @@
 #include "leantrain/runtime/runtime_context.h"
 #include "leantrain/trainers/checkpointing.h"
 #include "leantrain/trainers/precision.h"
+#include "leantrain/trainers/trainer.h"
 
 #ifndef LEANTRAIN_SOURCE_DIR
 #define LEANTRAIN_SOURCE_DIR "."
 #endif
 
 namespace {
+
+// Windows of `tokens` ids (fewer than the model's context): the bench's training steps only
+// create the optimizer state and keep the loop busy while the writer runs.
+class ShortWindows final : public lt::data::Dataset {
+ public:
+  ShortWindows(int64_t vocab, int64_t tokens) : vocab_(vocab), tokens_(tokens) {}
+  int64_t size() const override { return 4096; }
+  lt::data::Batch get(const std::vector<int64_t>& indices, int64_t) const override {
+    auto ids = torch::tensor(indices, torch::kLong).unsqueeze(1) * 7 + torch::arange(tokens_ + 1, torch::kLong);
+    ids = ids.remainder(vocab_);
+    using torch::indexing::Slice;
+    return {ids.index({Slice(), Slice(0, tokens_)}), ids.index({Slice(), Slice(1, tokens_ + 1)}),
+            static_cast<int64_t>(indices.size()) * tokens_};
+  }
+  std::string describe() const override { return "short windows of " + std::to_string(tokens_) + " tokens"; }
+
+ private:
+  int64_t vocab_, tokens_;
+};
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -152,29 +174,31 @@ int main(int argc, char** argv) {
     lt::validate(cfg, 1);
     lt::files::make_dirs(scratch);
 
+    // The trainer itself (its AdamW, its step) on short token windows.
+    cfg.data.seed = 0;
+    cfg.train.global_batch = cfg.train.micro_batch = 1;
+    cfg.train.steps = int64_t{1} << 40;
+    cfg.checkpoint.dir.clear();
+    lt::RuntimeContext ctx;
+    ctx.threads = torch::get_num_threads();
+    lt::comm::LocalCommunicator local;
     torch::manual_seed(0);
-    auto model = lt::models::build_model(cfg.model);
-    model->train();
-    // The trainer's AdamW (make_optimizer splits decay / no-decay groups; the state is the same).
-    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(cfg.train.lr)
-                                                           .betas({cfg.train.beta1, cfg.train.beta2})
-                                                           .eps(cfg.train.eps)
-                                                           .weight_decay(cfg.train.weight_decay));
-    lt::trainers::LossScaler scaler(cfg.precision, false, torch::kCPU);
     const int64_t T = std::min(o.tokens, cfg.model.seq_len);
-    const auto x = torch::randint(0, cfg.model.vocab_size, {1, T}, torch::kLong);
-    const auto y = torch::randint(0, cfg.model.vocab_size, {1, T}, torch::kLong);
-    auto train_step = [&] {
-      optimizer.zero_grad();
-      model->forward_loss(x, y).backward();
-      optimizer.step();
-    };
+    lt::trainers::Trainer trainer(cfg,
+                                  {lt::models::build_model(cfg.model),
+                                   std::make_shared<ShortWindows>(cfg.model.vocab_size, T), nullptr},
+                                  ctx, local);
+    auto& model = trainer.model();
+    auto& optimizer = trainer.optimizer();
+    lt::trainers::LossScaler scaler(cfg.precision, false, torch::kCPU);  // fp32: its state only
+    int64_t steps_run = 0;
+    auto train_step = [&] { trainer.train_step(steps_run++); };
     const auto t_step = Clock::now();
     train_step();  // creates the AdamW state
     const double step_s = seconds_since(t_step);
     int64_t step = 1;
 
-    const auto n_params = lt::models::count_parameters(*model);
+    const auto n_params = lt::models::count_parameters(model);
     std::ostringstream md;
     char line[512];
     std::snprintf(line, sizeof line,
@@ -186,7 +210,7 @@ int main(int argc, char** argv) {
     md << line << "\n";
 
     // ---- (a) write throughput vs fwrite + fsync --------------------------------------------
-    auto c = lt::trainers::capture_state(cfg, 1, *model, optimizer, scaler, step, 1000, false);
+    auto c = lt::trainers::capture_state(cfg, 1, model, optimizer, scaler, step, 1000, false);
     int64_t payload = 0;
     for (const auto* group : {&c.model, &c.optimizer})
       for (const auto& nt : *group) payload += static_cast<int64_t>(nt.tensor.nbytes());
@@ -236,7 +260,7 @@ int main(int argc, char** argv) {
     std::mutex mu;
     std::vector<lt::checkpoint_io::WriteStats> writes;
     lt::trainers::CheckpointWriter writer(scratch, 1, true,
-                                          [&](const std::string&, const lt::checkpoint_io::WriteStats& s) {
+                                          [&](const std::string&, const lt::checkpoint_io::WriteStats& s, double) {
                                             std::lock_guard<std::mutex> lock(mu);
                                             writes.push_back(s);
                                           });
@@ -246,7 +270,7 @@ int main(int argc, char** argv) {
       train_step();
       ++step;
       const auto t0 = Clock::now();
-      auto snap = lt::trainers::capture_state(cfg, 1, *model, optimizer, scaler, step, 1000, true);
+      auto snap = lt::trainers::capture_state(cfg, 1, model, optimizer, scaler, step, 1000, true);
       capture_s.push_back(seconds_since(t0));
       const auto t1 = Clock::now();
       writer.submit(std::move(snap));

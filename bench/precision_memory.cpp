@@ -9,8 +9,9 @@
 // bf16 on a CPU without AVX-512 BF16 runs LibTorch's reference GEMM (very slow): there,
 // measure bf16 at a reduced size or on a GPU.
 //
-// Activation memory = the step's peak allocated bytes above what is allocated before the
-// forward pass (parameters, gradients kept from the warm-up step, optimizer-free).
+// Every configuration runs the trainer's step (Trainer::train_step). Activation memory = the
+// step's peak allocated bytes above what is allocated at its start and the gradients (the
+// trainer's mem_activations_bytes); step time = its forward + backward.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -23,11 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/comm/communicator.h"
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/memory_meter.h"
 #include "leantrain/runtime/runtime_context.h"
-#include "leantrain/trainers/precision.h"
+#include "leantrain/trainers/trainer.h"
 
 namespace {
 
@@ -53,41 +54,39 @@ struct Row {
   double cpu_s = 0;  // process CPU time per step: steadier than wall time on a shared machine
 };
 
-Row measure(const lt::ModelConfig& cfg, const std::string& precision, const std::string& policy, const Options& o) {
-  torch::manual_seed(0);
-  auto model = lt::models::build_model(cfg);
-  model->train();
-  lt::models::apply_checkpoint_policy(*model, lt::models::CheckpointPolicy::parse(policy));
-  torch::Tensor x, y;
-  if (cfg.kind == "gpt" || cfg.kind == "bert") {
-    x = torch::randint(0, cfg.vocab_size, {o.micro, cfg.seq_len});
-    y = torch::randint(0, cfg.vocab_size, {o.micro, cfg.seq_len});
-  } else {
-    x = torch::randn({o.micro, cfg.in_channels, cfg.image_size, cfg.image_size});
-    y = torch::randint(0, cfg.num_classes, {o.micro});
-  }
-  lt::MemoryMeter meter(-1);
-  auto step = [&] {
-    torch::Tensor loss;
-    {
-      lt::trainers::AutocastGuard ac(precision, torch::kCPU);
-      loss = model->forward_loss(x, y);
-    }
-    loss.backward();
-  };
-  step();  // warm-up: allocates gradients, primes oneDNN
-  Row r{cfg.kind == "gpt" ? "GPT-" + std::to_string(cfg.n_layer) + "L d" + std::to_string(cfg.d_model) : (cfg.memory_format == "channels_last" ? "ResNet-50" : "ResNet-50 (NCHW)"),
+// One configuration through the trainer's own step (Trainer::train_step) on synthetic data,
+// with momentum-free SGD so the update adds next to nothing to the step: the activation
+// figure is the trainer's (Note [Memory breakdown]: peak - step base - gradients), the time
+// the step's forward + backward (StepResult::compute_s).
+Row measure(const lt::ModelConfig& model_cfg, const std::string& precision, const std::string& policy,
+            const Options& o) {
+  lt::Config cfg;
+  cfg.model = model_cfg;
+  cfg.data.kind = "synthetic";
+  cfg.data.seed = 0;
+  cfg.data.synthetic_samples = std::max(64, o.micro * (o.steps + 1));
+  cfg.train.global_batch = cfg.train.micro_batch = o.micro;
+  cfg.train.steps = o.steps + 1;
+  cfg.train.optimizer = "sgd";
+  cfg.train.momentum = 0;
+  cfg.train.grad_clip = 0;
+  cfg.precision.mode = precision;
+  cfg.memory.activation_checkpoint = policy;
+  lt::RuntimeContext ctx;
+  ctx.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  lt::comm::LocalCommunicator comm;
+  lt::trainers::Trainer trainer(cfg, lt::trainers::make_components(cfg), ctx, comm);
+  trainer.train_step(0);  // warm-up: allocates gradients, primes oneDNN
+  Row r{model_cfg.kind == "gpt" ? "GPT-" + std::to_string(model_cfg.n_layer) + "L d" + std::to_string(model_cfg.d_model)
+                                : (model_cfg.memory_format == "channels_last" ? "ResNet-50" : "ResNet-50 (NCHW)"),
         precision, policy};
   double total = 0;
-  for (int i = 0; i < o.steps; ++i) {
-    meter.reset_peak();
-    const int64_t base = meter.stats().current_bytes;
-    const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1; i <= o.steps; ++i) {
     const std::clock_t c0 = std::clock();
-    step();
-    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto step = trainer.train_step(i);
+    total += step.compute_s;
     r.cpu_s += static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / o.steps;
-    r.act_bytes = std::max(r.act_bytes, meter.stats().peak_bytes - base);
+    r.act_bytes = std::max(r.act_bytes, step.activation_bytes());
   }
   r.step_s = total / o.steps;
   std::fprintf(stderr, "  %s %s %s: activations %s, step %.2f s (CPU time %.2f s)\n", r.model.c_str(),

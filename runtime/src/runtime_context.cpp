@@ -1,5 +1,7 @@
 #include "leantrain/runtime/runtime_context.h"
 
+#include "leantrain/runtime/memory_meter.h"
+
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -41,6 +43,9 @@ RuntimeContext make_runtime_context(const Config& cfg, const World& world) {
   ctx.threads = cfg.train.threads > 0 ? static_cast<int>(cfg.train.threads)
                                       : std::max(1, cores / std::max(1, world.local_size));
   torch::set_num_threads(ctx.threads);
+  // The CPU tracker counts only tensors allocated after it is installed: before any model or
+  // data set exists (Trainer's peak and budget figures include the parameters).
+  if (!ctx.on_cuda()) MemoryMeter::install_cpu_tracking();
   return ctx;
 }
 

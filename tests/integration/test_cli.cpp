@@ -218,6 +218,12 @@ TEST_F(Cli, TwoRanksMatchOneRankUnderMpirun) {
       EXPECT_GE(j["mem_comm_buffers_bytes"].get<int64_t>(), j["mem_params_bytes"].get<int64_t>()) << line;
     }
     EXPECT_EQ(steps, 10);
+    // Evaluation is sharded: rank 0 of two evaluated half of the 64 eval samples (2 batches
+    // of 32), one rank all of them, and they agree on the loss (below).
+    const auto two_epoch = events(dir_ / (opt + "_two"), "epoch");
+    ASSERT_EQ(two_epoch.size(), 1u);
+    EXPECT_EQ(two_epoch[0]["eval_shard_samples"].get<int64_t>(), 32);
+    EXPECT_EQ(events(dir_ / (opt + "_one_4x4"), "epoch")[0]["eval_shard_samples"].get<int64_t>(), 64);
     for (const std::string other : {"_one_4x4", "_one_8x2"}) {
       const auto [l1, e1] = losses_of(dir_ / (opt + other));
       ASSERT_EQ(l1.size(), 10u) << other;

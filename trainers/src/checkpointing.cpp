@@ -206,30 +206,34 @@ CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
 }
 
-void CheckpointWriter::write(const Checkpoint& c) {
+// `stall_s` < 0: the write is on the training thread, so it stalls training until it ends.
+void CheckpointWriter::write(const Checkpoint& c, double stall_s, Clock::time_point since) {
   checkpoint_io::WriteStats stats;
   try {
     stats = checkpoint_io::commit_checkpoint(dir_, c, keep_last_);
   } catch (const CheckpointError& e) {
     throw StorageError(std::string(e.what()) + "; the checkpoints written before it in " + dir_ + " are intact");
   }
-  if (done_) done_(files::join(dir_, checkpoint_io::checkpoint_filename(c.step)), stats);
+  if (stall_s < 0) stall_s = std::chrono::duration<double>(Clock::now() - since).count();
+  if (done_) done_(files::join(dir_, checkpoint_io::checkpoint_filename(c.step)), stats, stall_s);
 }
 
-void CheckpointWriter::write_now(const Checkpoint& c) {
+void CheckpointWriter::write_now(const Checkpoint& c, Clock::time_point since) {
   wait();
-  write(c);
+  write(c, -1, since);
 }
 
-void CheckpointWriter::submit(Checkpoint c) {
+void CheckpointWriter::submit(Checkpoint c, Clock::time_point since) {
   wait();
   if (!async_) {
-    write(c);
+    write(c, -1, since);
     return;
   }
-  thread_ = std::thread([this, c = std::move(c)] {
+  // Known before the thread starts (its creation orders this write before the thread's read).
+  const double stall_s = std::chrono::duration<double>(Clock::now() - since).count();
+  thread_ = std::thread([this, c = std::move(c), stall_s, since] {
     try {
-      write(c);
+      write(c, stall_s, since);
     } catch (...) {
       error_ = std::current_exception();
     }

@@ -38,6 +38,7 @@ void MetricsWriter::event(const std::string& name, const MetricFields& fields) {
         v);
   }
   const std::string line = j.dump() + "\n";
+  std::lock_guard<std::mutex> lock(mu_);
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
     throw std::runtime_error("cannot write metrics file " + path_ + ": " + std::strerror(errno));
 }

@@ -23,6 +23,7 @@
 #include "leantrain/runtime/memory_meter.h"
 #include "leantrain/trainers/optimizer.h"
 #include "leantrain/trainers/precision.h"
+#include "leantrain/trainers/trainer.h"
 
 namespace lt::trainers {
 namespace {
@@ -42,13 +43,11 @@ struct Probe {
   int64_t peak = 0;
   double micro_s = 0;   // forward+backward of one micro-batch, averaged
   double update_s = 0;  // the optimizer step, averaged
-  double warmup_forward_s = -1;  // the warm-up's forward, per sample
-  bool slow = false;             // the warm-up's forward was over the slow limit: not measured
 };
 
-// Test-only: LEANTRAIN_PLANNER_DELAY="PRECISION:SECONDS" adds SECONDS x micro-batch of sleep
-// to every probe forward in that precision, so a test can make one precision slow on purpose
-// (Note [Slow candidates]).
+// Test-only: LEANTRAIN_PLANNER_DELAY="PRECISION:SECONDS" makes that precision slow on purpose
+// (Note [Slow candidates]): the timed first forward of each pair sleeps SECONDS, and every
+// probe's micro-batch time counts SECONDS x micro-batch more.
 struct ProbeDelay {
   std::string precision;
   double seconds_per_sample = 0;
@@ -73,30 +72,32 @@ void sync(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
-// Note [Planner probe]: a probe is what one micro-batch of a training step costs in its
-// worst position. The gradients stay allocated across the probe's micro-steps (zeroed, not
-// freed), as they are while micro-batches 2..A of an accumulating step run their forward,
-// and each micro-step ends with the optimizer update, so the peak covers parameters,
-// gradients, optimizer state (and its update temporaries), the batch and the activations of
-// one micro-batch (and any tensor a data set holds, as in training). One warm-up
-// micro-step first (allocates the optimizer state, warms the allocator and lazy
-// initialisation), then measure_steps timed ones under a fresh peak.
-// `free_grads`: the candidate of one rank without accumulation, whose training step frees the
-// gradients before its only forward (zero_grad(set_to_none) at the step's start; Note
-// [Gradients stay in the buckets] in trainer.cpp): the probe frees them after each update,
-// so its peak is that step's, lower than the worst-position peak by up to the gradients
+// Note [Planner probe]: a probe is the training step itself (Trainer::train_step, the one
+// `leantrain train` runs) of the candidate at micro-batch m on one process, with accumulation
+// min(A, 2): from the second micro-batch on the gradients stay allocated while the forward
+// runs, which is the worst position of every accumulating step, so two micro-batches show the
+// peak of A. The step ends with the update, so the peak covers parameters, gradients,
+// optimizer state (and its update temporaries), the batch and the activations of one
+// micro-batch (and any tensor a data set holds, as in training). One warm-up step first
+// (allocates the optimizer state, warms the allocator and lazy initialisation), then
+// measure_steps timed ones; each step's compute time over its micro-batches gives the time of
+// one micro-batch, its update time the rest. A multi-rank candidate keeps its gradients
+// allocated across steps, as the gradient buckets do (TrainerOptions::hold_gradients); the
+// candidate of one rank without accumulation frees them before its only forward
+// (zero_grad(set_to_none) at the step's start; Note [Gradients stay in the buckets] in
+// trainer.cpp), so its peak is lower than the worst-position peak by up to the gradients
 // (GPT-12L seq 512, full checkpointing: 2.00 GiB at 2x1 vs 2.30 GiB at 1x2).
-// Note [Slow candidates]: a probe costs a few micro-steps, which is nothing where a sample
+// Note [Slow candidates]: a probe costs a few steps, which is nothing where a sample
 // takes milliseconds and minutes where a precision runs a slow kernel path: bf16 matmuls on a
 // CPU without AVX-512 BF16 go through a reference GEMM 10-20x slower than fp32 (GPT-2 small,
-// seq 512: about a minute per sample). So the warm-up micro-step of each (precision, policy)
-// at micro-batch 1 times its forward, and when that is over slow_factor (4) x the fastest
-// warm-up forward of the pairs probed before it, the probe stops before the backward, the
-// pair's rows are listed as `slow`, and the later policies of the same precision are listed
-// as `slow` without a probe: at micro-batch 1 they run the same forward and recompute more.
-// A forward under slow_min_s (0.5 s) a sample is never judged: such probes are cheap, and a
-// first forward that short is dominated by one-time costs (the tiny GPT of the tests: bf16's
-// first forward 4.5 ms, fp32's 1 ms, while its bf16 steps run at 0.7x fp32's speed).
+// seq 512: about a minute per sample). So before the first probe of each (precision, policy)
+// at micro-batch 1, one forward of the fresh model is timed, and when that is over
+// slow_factor (4) x the fastest such forward of the pairs probed before it, the probe stops
+// there, the pair's rows are listed as `slow`, and the later policies of the same precision are
+// listed as `slow` without a probe: at micro-batch 1 they run the same forward and recompute
+// more. A forward under slow_min_s (0.5 s) a sample is never judged: such probes are cheap,
+// and a first forward that short is dominated by one-time costs (the tiny GPT of the tests:
+// bf16's first forward 4.5 ms, fp32's 1 ms, while its bf16 steps run at 0.7x fp32's speed).
 // The rule compares like with like (each pair's first forward at micro-batch 1, each on a
 // freshly built model) and gives up only what could win if a larger micro-batch sped the
 // slow precision up by more than slow_factor relative to the fast one; memory does not enter
@@ -110,54 +111,65 @@ void sync(const torch::Device& device) {
 // dominated by it and is not probed: its rows are `skipped`, its fit `dominated`. Where it
 // applies it removes two of three pairs' probes (GPT-12L seq 512 under 4 GiB: 12 candidates,
 // 4 probes instead of 12); where `none` does not fit the whole batch, every policy is probed.
-//
-// `slow_above_s` (> 0): the per-sample forward time of the warm-up past which the probe stops
-// before its backward and returns `slow` (Note [Slow candidates]).
-Probe run_probe(models::Model& model, torch::optim::Optimizer& optimizer, const data::Dataset& train,
-                const std::string& precision, const torch::Device& device, int64_t micro, int64_t steps,
-                MemoryMeter& meter, double slow_above_s, const ProbeDelay& delay, bool free_grads) {
-  std::vector<int64_t> idx;
-  for (int64_t i = 0; i < micro; ++i) idx.push_back(i % train.size());
+
+/// The timed forward of Note [Slow candidates], per sample.
+double first_forward_s(models::Model& model, const data::Dataset& train, const std::string& precision,
+                       const torch::Device& device, const ProbeDelay& delay) {
+  auto batch = train.get({0}, 0);
+  auto input = batch.input.to(device), target = batch.target.to(device);
+  sync(device);
+  const auto t0 = Clock::now();
+  {
+    AutocastGuard ac(precision, device.type());
+    model.forward_loss(input, target);  // the graph is freed here: no backward
+  }
+  if (delay.precision == precision)
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay.seconds_per_sample));
+  sync(device);
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// The candidate's configuration as one process runs it in a probe (Note [Planner probe]).
+Config probe_config(const Config& cfg, const std::string& precision, const std::string& policy, int64_t micro,
+                    int64_t accumulation, int64_t steps) {
+  Config pc = cfg;
+  pc.precision.mode = precision;
+  pc.memory.activation_checkpoint = policy;
+  pc.memory.budget = "0";  // the planner's own budget is in force (BudgetScope)
+  pc.train.micro_batch = micro;
+  pc.train.global_batch = micro * std::min<int64_t>(accumulation, 2);
+  pc.train.steps = steps;
+  pc.checkpoint.dir.clear();  // no checkpoints
+  return pc;
+}
+
+/// Runs the probe of one candidate on `model` (built for the pair). An out-of-memory error
+/// propagates: the candidate does not fit.
+Probe run_probe(const Config& cfg, const RuntimeContext& ctx, const std::shared_ptr<models::Model>& model,
+                const std::shared_ptr<data::Dataset>& train, const std::string& precision, const std::string& policy,
+                int64_t micro, int64_t accumulation, int world_size, int64_t steps, const ProbeDelay& delay) {
+  // The gradients the probe leaves on the model go with it, fitting or not.
+  struct FreeGradients {
+    models::Model& m;
+    ~FreeGradients() {
+      for (auto& p : m.parameters()) p.mutable_grad() = torch::Tensor();
+    }
+  } free_gradients{*model};
+  comm::LocalCommunicator local;
+  TrainerOptions opt;
+  opt.oom_backoff = false;
+  opt.hold_gradients = world_size > 1;
+  Trainer trainer(probe_config(cfg, precision, policy, micro, accumulation, steps + 1),
+                  Components{model, train, nullptr}, ctx, local, opt);
   Probe p;
-  auto micro_step = [&](bool timed) {
-    auto batch = train.get(idx, 0);
-    auto input = batch.input.to(device), target = batch.target.to(device);
-    sync(device);
-    const auto t0 = Clock::now();
-    {
-      torch::Tensor loss;
-      {
-        AutocastGuard ac(precision, device.type());
-        loss = model.forward_loss(input, target);
-      }
-      if (delay.precision == precision)
-        std::this_thread::sleep_for(std::chrono::duration<double>(delay.seconds_per_sample * static_cast<double>(micro)));
-      if (!timed) {
-        sync(device);
-        p.warmup_forward_s = std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(micro);
-        if (slow_above_s > 0 && p.warmup_forward_s > slow_above_s) {
-          p.slow = true;
-          return;  // frees the graph; no backward, no update
-        }
-      }
-      loss.backward();
-    }
-    sync(device);
-    const auto t1 = Clock::now();
-    optimizer.step();
-    optimizer.zero_grad(/*set_to_none=*/free_grads);
-    sync(device);
-    const auto t2 = Clock::now();
-    if (timed) {
-      p.micro_s += std::chrono::duration<double>(t1 - t0).count();
-      p.update_s += std::chrono::duration<double>(t2 - t1).count();
-    }
-  };
-  micro_step(false);
-  if (p.slow) return p;
-  meter.reset_peak();
-  for (int64_t i = 0; i < steps; ++i) micro_step(true);
-  p.peak = meter.stats().peak_bytes;
+  trainer.train_step(0);  // warm-up
+  for (int64_t i = 1; i <= steps; ++i) {
+    const StepResult r = trainer.train_step(i);
+    p.peak = std::max(p.peak, r.peak_bytes);
+    p.micro_s += r.compute_s / static_cast<double>(r.accumulation);
+    p.update_s += r.update_s;
+    if (delay.precision == precision) p.micro_s += delay.seconds_per_sample * static_cast<double>(micro);
+  }
   p.micro_s /= static_cast<double>(steps);
   p.update_s /= static_cast<double>(steps);
   return p;
@@ -292,11 +304,10 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
       auto tried = [&](size_t k) { return plan.rows[first_row + k].probed || plan.rows[first_row + k].oom; };
       try {
         torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
-        auto model = models::build_model(cfg.model);
+        std::shared_ptr<models::Model> model = models::build_model(cfg.model);
         model->to(device);
         model->train();
         models::apply_checkpoint_policy(*model, models::CheckpointPolicy::parse(policy));
-        auto optimizer = make_optimizer(t, *model);
         // Note [Probe order]: micro-batch 1 first, then always the largest micro-batch the
         // memory model (refitted after every probe) predicts under the limit, above the
         // largest one measured to fit and below the smallest one that did not. The time model
@@ -324,22 +335,23 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
           const bool off_line = solo && k == last;
           try {
             const bool first = k == 0;
-            const double slow_above = first && opt.slow_factor > 0 && fastest_warmup > 0
-                                          ? std::max(opt.slow_factor * fastest_warmup, opt.slow_min_s)
-                                          : 0;
-            const Probe p = run_probe(*model, *optimizer, *data.train, precision, device, m, opt.measure_steps, meter,
-                                      slow_above, delay, off_line);
-            if (first) fit.warmup_forward_s = p.warmup_forward_s;
-            if (p.slow) {
-              fit.slow = true;
-              slow_precisions.insert(precision);
-              log::info("planner: " + precision + "/" + policy + " is slow: warm-up forward " +
-                        fmt(p.warmup_forward_s, "%.3g") + " s/sample > " + fmt(opt.slow_factor, "%g") + " x " +
-                        fmt(fastest_warmup, "%.3g") + " s/sample; not probed further (Note [Slow candidates])");
-              break;
+            if (first) {
+              fit.warmup_forward_s = first_forward_s(*model, *data.train, precision, device, delay);
+              const double slow_above = opt.slow_factor > 0 && fastest_warmup > 0
+                                            ? std::max(opt.slow_factor * fastest_warmup, opt.slow_min_s)
+                                            : 0;
+              if (slow_above > 0 && fit.warmup_forward_s > slow_above) {
+                fit.slow = true;
+                slow_precisions.insert(precision);
+                log::info("planner: " + precision + "/" + policy + " is slow: warm-up forward " +
+                          fmt(fit.warmup_forward_s, "%.3g") + " s/sample > " + fmt(opt.slow_factor, "%g") + " x " +
+                          fmt(fastest_warmup, "%.3g") + " s/sample; not probed further (Note [Slow candidates])");
+                break;
+              }
+              if (fastest_warmup < 0 || fit.warmup_forward_s < fastest_warmup) fastest_warmup = fit.warmup_forward_s;
             }
-            if (first && (fastest_warmup < 0 || p.warmup_forward_s < fastest_warmup))
-              fastest_warmup = p.warmup_forward_s;
+            const Probe p = run_probe(cfg, ctx, model, data.train, precision, policy, m, row.accumulation, world_size,
+                                      opt.measure_steps, delay);
             row.probed = true;
             row.measured_peak = p.peak + comm_bytes;
             row.measured_sps = static_cast<double>(t.global_batch) /
@@ -354,7 +366,6 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
           } catch (const c10::OutOfMemoryError&) {
             row.oom = true;
             if (!off_line) bound = std::min(bound, k);
-            optimizer->zero_grad(/*set_to_none=*/true);
           }
         }
       } catch (const c10::OutOfMemoryError&) {

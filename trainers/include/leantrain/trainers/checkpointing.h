@@ -2,6 +2,7 @@
 // The training state <-> checkpoint files: what is saved on sync steps, how a run resumes
 // (auto / path, on any world size), fine-tuning from weights only, and the background
 // writer that keeps the training stall to a copy of the state.
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -57,22 +58,26 @@ std::optional<checkpoint_io::Checkpoint> load_for_resume(const std::string& resu
 /// next submit(), write_now() or wait(); the checkpoints committed before it stay intact.
 class CheckpointWriter {
  public:
-  using Done = std::function<void(const std::string& path, const checkpoint_io::WriteStats&)>;
+  using Clock = std::chrono::steady_clock;
+  /// Called once a checkpoint is committed, on the thread that wrote it. `stall_s` is the time
+  /// training waited for it: from `since` (given to submit/write_now: when the state capture
+  /// began) to the start of a background write, or to the end of a write on the caller's thread.
+  using Done = std::function<void(const std::string& path, const checkpoint_io::WriteStats&, double stall_s)>;
   CheckpointWriter(std::string dir, int64_t keep_last, bool async, Done done);
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   /// Waits for the previous write, then writes `c` (in the background when async).
-  void submit(checkpoint_io::Checkpoint c);
+  void submit(checkpoint_io::Checkpoint c, Clock::time_point since = Clock::now());
   /// Waits for the previous write, then writes `c` on this thread.
-  void write_now(const checkpoint_io::Checkpoint& c);
+  void write_now(const checkpoint_io::Checkpoint& c, Clock::time_point since = Clock::now());
   /// Waits for the write in flight; rethrows its error.
   void wait();
   bool async() const { return async_; }
 
  private:
-  void write(const checkpoint_io::Checkpoint& c);
+  void write(const checkpoint_io::Checkpoint& c, double stall_s, Clock::time_point since);
   std::string dir_;
   int64_t keep_last_;
   bool async_;

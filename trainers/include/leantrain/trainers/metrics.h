@@ -3,6 +3,7 @@
 // are written whole and flushed, so a killed run leaves only complete lines.
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <variant>
@@ -13,6 +14,8 @@ namespace lt::trainers {
 using MetricValue = std::variant<int64_t, double, std::string, bool>;
 using MetricFields = std::vector<std::pair<std::string, MetricValue>>;
 
+/// Thread-safe: the checkpoint writer's thread reports its events while the training thread
+/// reports steps; each event is one whole line.
 class MetricsWriter {
  public:
   /// Disabled writers (ranks other than 0) accept events and write nothing.
@@ -27,6 +30,7 @@ class MetricsWriter {
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
+  std::mutex mu_;  // one event at a time
 };
 
 }  // namespace lt::trainers

@@ -76,4 +76,51 @@ torch::Tensor ChunkedAdamW::step(LossClosure closure) {
   return loss;
 }
 
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model) {
+  // Weight decay on matrices and conv kernels only, not on biases and norm scales (the
+  // GPT-2/BERT convention every peer recipe follows).
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto build = [&](auto options_for) {
+    using Options = typename decltype(options_for(0.0))::element_type;
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, options_for(t.weight_decay));
+    groups.emplace_back(no_decay, options_for(0.0));
+    return std::make_pair(std::move(groups), Options(t.lr));
+  };
+  if (t.optimizer == "adamw") {
+    auto [groups, defaults] = build([&](double wd) {
+      return std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(wd));
+    });
+    return std::make_unique<ChunkedAdamW>(std::move(groups), defaults);
+  }
+  auto [groups, defaults] = build([&](double wd) {
+    return std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(wd));
+  });
+  return std::make_unique<torch::optim::SGD>(std::move(groups), defaults);
+}
+
+int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes) {
+  if (t.optimizer == "adamw") return 2 * param_bytes;
+  return t.momentum != 0 ? param_bytes : 0;
+}
+
+int64_t optimizer_state_allocated_bytes(torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  auto add = [&](const torch::Tensor& x) {
+    if (x.defined()) bytes += static_cast<int64_t>(x.nbytes());
+  };
+  for (const auto& [key, state] : optimizer.state()) {
+    if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
+      add(a->exp_avg());
+      add(a->exp_avg_sq());
+      add(a->max_exp_avg_sq());
+    } else if (auto* m = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
+      add(m->momentum_buffer());
+    }
+  }
+  return bytes;
+}
+
 }  // namespace lt::trainers

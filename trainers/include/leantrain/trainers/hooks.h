@@ -1,0 +1,39 @@
+#pragma once
+// What may happen around a Trainer's steps besides training: test fault injection
+// (faults.h) and benchmark turn-taking (turns.h) come in through this interface, so the
+// training loop reads as a loop. Torch-free.
+#include <cstdint>
+#include <memory>
+
+namespace lt::trainers {
+
+/// A storage fault to inject into a checkpoint write (faults.h: ckpt_fail, ckpt_kill).
+enum class CheckpointFault { kNone, kFail, kKill };
+
+/// Called by Trainer::run() and Trainer::train_step() at fixed points; every default does
+/// nothing. `step` is 1-based (the optimizer step being run), `rank` this process's rank.
+class TrainerHooks {
+ public:
+  virtual ~TrainerHooks() = default;
+  /// Before the step starts (may block: a turn; may not return: a fault).
+  virtual void step_begin(int64_t step, int rank) { (void)step, (void)rank; }
+  /// After the step, its metrics, evaluation and checkpoint.
+  virtual void step_end(int64_t step) { (void)step; }
+  /// After the last step, before the run's teardown.
+  virtual void run_end() {}
+  /// True: this step's loss is made NaN (the non-finite policy's test).
+  virtual bool nan_loss(int64_t step, int rank) { return (void)step, (void)rank, false; }
+  /// True: the first try of this step's last micro-batch runs out of memory (the back-off's test).
+  virtual bool oom_in_last_micro_batch(int64_t step, int rank) { return (void)step, (void)rank, false; }
+  /// The storage fault, if any, to inject into the checkpoint written after this step.
+  virtual CheckpointFault checkpoint_fault(int64_t step, int rank) {
+    return (void)step, (void)rank, CheckpointFault::kNone;
+  }
+};
+
+/// The hooks the command line installs: LEANTRAIN_FAULT (faults.h) and LEANTRAIN_BENCH_TURNS
+/// (turns.h), each inert when unset. Throws ConfigError for a bad value, or for turns under
+/// more than one rank.
+std::shared_ptr<TrainerHooks> hooks_from_env(int world_size);
+
+}  // namespace lt::trainers
