@@ -20,6 +20,8 @@ if(NOT Torch_FOUND)
   endif()
   find_package(Torch REQUIRED CONFIG)
 endif()
+# Handed to find_package(leantrain) consumers as hints (cmake/leantrainConfig.cmake.in).
+set(LEANTRAIN_CUDA_HINT "${CUDAToolkit_ROOT}")
 if(Torch_VERSION AND Torch_VERSION VERSION_LESS 2.4)
   message(FATAL_ERROR "leantrain needs LibTorch >= 2.4, found ${Torch_VERSION} (set CMAKE_PREFIX_PATH)")
 endif()
@@ -30,7 +32,9 @@ find_package(Threads REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(MPI REQUIRED COMPONENTS C)
 find_package(HDF5 REQUIRED COMPONENTS C)
-find_package(CLI11 REQUIRED CONFIG)
+if(LEANTRAIN_BUILD_CLI)
+  find_package(CLI11 REQUIRED CONFIG)  # launch/ only
+endif()
 find_package(nlohmann_json REQUIRED CONFIG)
 find_package(spdlog REQUIRED CONFIG)
 find_package(PkgConfig REQUIRED)
@@ -52,9 +56,12 @@ if(LEANTRAIN_WITH_CUDA)
                  PATH_SUFFIXES lib lib64)
     if(LT_NCCL_INCLUDE_DIR AND LT_NCCL_LIBRARY)
       set(LEANTRAIN_HAVE_NCCL ON)
-      add_library(leantrain_nccl INTERFACE IMPORTED)
-      target_include_directories(leantrain_nccl INTERFACE ${LT_NCCL_INCLUDE_DIR})
-      target_link_libraries(leantrain_nccl INTERFACE ${LT_NCCL_LIBRARY} CUDA::cudart)
+      # Named leantrain::nccl so that the installed leantrain::comm can name it too: the
+      # package config re-creates it from LT_NCCL_LIBRARY (cmake/leantrainConfig.cmake.in).
+      add_library(leantrain::nccl INTERFACE IMPORTED)
+      target_include_directories(leantrain::nccl INTERFACE ${LT_NCCL_INCLUDE_DIR})
+      target_link_libraries(leantrain::nccl INTERFACE ${LT_NCCL_LIBRARY} CUDA::cudart)
+      add_library(leantrain_nccl ALIAS leantrain::nccl)  # the tests' name
     endif()
   endif()
 endif()
@@ -65,6 +72,20 @@ message(STATUS "leantrain: CUDA toolkit ${CUDAToolkit_VERSION}, NCCL: ${LEANTRAI
 # packed-activation kernels) ran on one thread. LibTorch's CMake config does not pass it on.
 # libgomp.so.1 is then one library in the process (LibTorch's, found first by its RPATH).
 find_package(OpenMP REQUIRED COMPONENTS CXX)
+
+# Under a parent project (add_subdirectory), the imported targets found here must be visible
+# to the parent's targets that link leantrain::<layer>: LibTorch's `torch` names torch_cpu and
+# torch_cuda in generator expressions evaluated in the consumer's directory. (CMake >= 3.24
+# has CMAKE_FIND_PACKAGE_TARGETS_GLOBAL; this works from 3.21.)
+if(NOT PROJECT_IS_TOP_LEVEL)
+  get_directory_property(_lt_imported IMPORTED_TARGETS)
+  foreach(_t IN LISTS _lt_imported)
+    get_target_property(_global ${_t} IMPORTED_GLOBAL)
+    if(NOT _global)
+      set_target_properties(${_t} PROPERTIES IMPORTED_GLOBAL TRUE)
+    endif()
+  endforeach()
+endif()
 
 # Every target that includes LibTorch reuses one precompiled header (same flags everywhere).
 function(leantrain_torch_target target)
