@@ -1,12 +1,32 @@
 // Checkpoints end to end: exact resume (fp32 and bf16, 1 and 2 ranks), resume on another
 // world size, preemption by signal, --resume auto falling back past a damaged file,
 // --init-from, `leantrain inspect`, and every damaged-file case as a clear error.
+#include <fcntl.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <csignal>
+#include <cstring>
+#include <functional>
 #include <thread>
 
 #include "cli_fixture.h"
 
+extern char** environ;
+
 namespace {
+
+// Step events in a run's metrics.jsonl while the run may still be appending to it: only
+// complete lines count (a line being written is neither parsed nor counted).
+size_t complete_step_lines(const fs::path& run) {
+  const std::string text = slurp(run / "metrics.jsonl");
+  size_t n = 0, begin = 0;
+  for (size_t end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1)
+    if (text.substr(begin, end - begin).find("\"event\":\"step\"") != std::string::npos)
+      ++n;
+  return n;
+}
 
 class Resume : public Cli {
  protected:
@@ -116,28 +136,62 @@ TEST_F(Resume, GlobalBatchMustMatchTheCheckpoint) {
 }
 
 // SIGTERM from outside (as a scheduler sends it): the run finishes its step, writes a
-// checkpoint, exits 75; the checkpoint resumes to the end.
+// checkpoint, exits 75; the checkpoint resumes to the end. The test is the process's parent
+// (posix_spawn, no shell), so it reads the exit status itself with waitpid.
 TEST_F(Resume, SigtermWritesACheckpointAndExits75) {
   const std::string cfg = tiny_gpt_config(0.0, 100000);
   const auto out = dir_ / "run";
-  const std::string cmd = std::string(LEANTRAIN_BINARY) + " train --config " + cfg + " --out " + out.string() +
-                          " >" + (dir_ / "log").string() + " 2>&1 & echo $!";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  int pid = 0;
-  ASSERT_EQ(std::fscanf(p, "%d", &pid), 1);
-  ::pclose(p);
-  // Wait for a few steps to be logged (bounded).
-  for (int i = 0; i < 600 && losses_of(out).first.size() < 3; ++i)
+  const auto log_path = dir_ / "log";
+  const std::string binary = LEANTRAIN_BINARY;
+  std::vector<std::string> args = {binary, "train", "--config", cfg, "--out", out.string()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  ASSERT_EQ(::posix_spawn_file_actions_init(&actions), 0);
+  ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  ::posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  const int spawned = ::posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  ASSERT_EQ(spawned, 0) << "posix_spawn " << binary << ": " << std::strerror(spawned);
+
+  // Reaps the child; on any early return (a failed ASSERT) it is killed first, so no run of
+  // 100000 steps outlives the test.
+  int status = 0;
+  bool reaped = false;
+  auto try_reap = [&] {
+    if (!reaped && ::waitpid(pid, &status, WNOHANG) == pid) reaped = true;
+    return reaped;
+  };
+  struct KillOnExit {
+    std::function<void()> fn;
+    ~KillOnExit() { fn(); }
+  } guard{[&] {
+    if (!reaped) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      reaped = true;
+    }
+  }};
+
+  // Wait for a few steps to be logged (bounded); the process must still be running.
+  for (int i = 0; i < 600 && complete_step_lines(out) < 3 && !try_reap(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_GE(losses_of(out).first.size(), 3u);
-  ::kill(pid, SIGTERM);
-  for (int i = 0; i < 300; ++i) {
-    auto r = run_cmd("kill -0 " + std::to_string(pid) + " 2>/dev/null");
-    if (r.code != 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  // The process was started by a shell that is gone: read its exit code from the log line.
-  const std::string log = slurp(dir_ / "log");
+  ASSERT_FALSE(reaped) << "leantrain exited before SIGTERM (status " << status << "):\n" << slurp(log_path);
+  ASSERT_GE(complete_step_lines(out), 3u) << slurp(log_path);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+
+  // Bounded wait for the exit: a run that ignores SIGTERM is killed and the test fails.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!try_reap() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(reaped) << "leantrain did not exit within 60 s of SIGTERM (killed):\n" << slurp(log_path);
+  const std::string log = slurp(log_path);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : -1) << "\n"
+                                 << log;
+  EXPECT_EQ(WEXITSTATUS(status), 75) << log;
   EXPECT_NE(log.find("preempted by signal 15"), std::string::npos) << log;
   const auto steps = losses_of(out).first.size();
   EXPECT_TRUE(fs::exists(ck(out, static_cast<int>(steps)))) << log;

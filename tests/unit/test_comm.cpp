@@ -67,12 +67,14 @@ TEST(GradientSync, OneAllReducePerBucketAndValuesKept) {
 
 // A world of one whose "sum" doubles the tensor (two identical ranks), completed only in
 // wait() or after a few test() calls, like a real collective in flight. It records, for each
-// all-reduce, its size and how many of the watched parameters had a gradient by then.
+// all-reduce, its size, what it was handed to sum (a copy, taken at the call) and how many of
+// the watched parameters had a gradient by then.
 class RecordingComm final : public lt::comm::Communicator {
  public:
   struct Call {
     int64_t numel;
     size_t grads_defined;
+    torch::Tensor sent;
   };
   std::vector<Call> calls;
   std::vector<torch::Tensor> watched;
@@ -117,7 +119,7 @@ class RecordingComm final : public lt::comm::Communicator {
   void record(const torch::Tensor& t) {
     size_t defined = 0;
     for (auto& p : watched) defined += p.grad().defined() ? 1 : 0;
-    calls.push_back({t.numel(), defined});
+    calls.push_back({t.numel(), defined, t.detach().clone()});
     ++stats_.allreduce_calls;
     stats_.allreduce_bytes += static_cast<int64_t>(t.nbytes());
   }
@@ -137,15 +139,36 @@ torch::nn::Sequential deep_mlp() {
 // Caps in MiB: 16 KiB first bucket, 32 KiB later ones (a 64x64 fp32 weight is 16 KiB).
 constexpr double kFirstMb = 16.0 / 1024, kCapMb = 32.0 / 1024;
 
+// Call k is bucket k: its size and its contents are those of bucket k's gradients, packed
+// in bucket order. The buckets are derived here from assign_buckets over the parameters in
+// reverse order (grad_sync.h), the gradients from a twin network's plain backward, so a
+// bucket started out of order, twice, or packed from the wrong parameters fails.
 TEST(GradientSyncOverlap, StartsBucketsInsideBackwardOncePerBucketInOrder) {
   auto net = deep_mlp();
   auto params = net->parameters();
   lt::comm::GradientSync sync(params, kFirstMb, kCapMb);
   ASSERT_GE(sync.num_buckets(), 4u);
+  torch::manual_seed(7);
+  const auto x = torch::randn({4, 64});
+
+  // The reference: the same weights (deep_mlp seeds itself), the same batch, no hooks.
+  auto twin = deep_mlp();
+  auto twin_params = twin->parameters();
+  twin->forward(x).pow(2).sum().backward();
+  std::vector<torch::Tensor> reversed(twin_params.rbegin(), twin_params.rend());
+  std::vector<lt::comm::BucketTensor> sizes;
+  for (const auto& p : reversed)
+    sizes.push_back({static_cast<int64_t>(p.numel() * p.element_size()), static_cast<int>(p.scalar_type())});
+  const auto buckets = assign_buckets(sizes, static_cast<int64_t>(kFirstMb * 1048576.0),
+                                      static_cast<int64_t>(kCapMb * 1048576.0));
+  ASSERT_EQ(buckets.size(), sync.num_buckets());
+  // The first bucket is the last layer (8x64 weight + bias) and the one before it (64x64 + 64).
+  EXPECT_EQ(buckets.front(), (std::vector<size_t>{0, 1, 2, 3}));
+
   RecordingComm comm;
   comm.watched = params;
   sync.begin_last_backward(comm);
-  net->forward(torch::randn({4, 64})).pow(2).sum().backward();
+  net->forward(x).pow(2).sum().backward();
   // Backward has returned, finish() not yet called: buckets were started from the hooks.
   ASSERT_GE(comm.calls.size(), 1u);
   EXPECT_EQ(sync.last_times().started_in_backward, static_cast<int64_t>(comm.calls.size()));
@@ -155,13 +178,20 @@ TEST(GradientSyncOverlap, StartsBucketsInsideBackwardOncePerBucketInOrder) {
   EXPECT_FALSE(comm.calls.empty() || comm.calls.front().grads_defined == 0);
   sync.finish(comm);
   ASSERT_EQ(comm.calls.size(), sync.num_buckets());  // exactly one all-reduce per bucket
-  // In bucket order: the first bucket holds the last layer (8x64 weight + bias, 64x64 ...).
-  int64_t total = 0;
-  for (auto& c : comm.calls) total += c.numel;
-  int64_t numel = 0;
-  for (auto& p : params) numel += p.numel();
-  EXPECT_EQ(total, numel);
+  // In bucket order: call k carries bucket k's gradients, in that bucket's member order.
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    SCOPED_TRACE("bucket " + std::to_string(k));
+    std::vector<torch::Tensor> parts;
+    for (size_t i : buckets[k]) parts.push_back(reversed[i].grad().reshape({-1}));
+    const auto want = torch::cat(parts);
+    EXPECT_EQ(comm.calls[k].numel, want.numel());
+    ASSERT_EQ(comm.calls[k].sent.sizes(), want.sizes());
+    EXPECT_TRUE(torch::equal(comm.calls[k].sent, want));
+  }
   EXPECT_EQ(comm.calls.front().numel, 8 * 64 + 8 + 64 * 64 + 64);
+  // And the sums (two identical ranks) are back in every .grad.
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(torch::equal(params[i].grad(), twin_params[i].grad() * 2)) << "param " << i;
   EXPECT_GT(sync.buffer_bytes(), 0);
 }
 

@@ -3,9 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <iostream>
+#include <map>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -240,48 +245,197 @@ TEST(ModelsBlocks, RunnerCalledOncePerBlockSameOutput) {
   }
 }
 
+// The parameter names each model header documents (its "Parameter names
+// (named_parameters())" comment block, as model.h promises) are read from the header and
+// compared with named_parameters(): the same set, with the block index written `i`, and for
+// the transformers the documented shapes evaluated from the config. `a.weight/bias` and
+// `a.*` (a BatchNorm) stand for `a.weight` and `a.bias`. A renamed parameter or an edited
+// comment fails here. docs/CHECKPOINTS.md's example dataset names must exist too.
+struct DocumentedName {
+  std::string shape;  // the text inside [...] after the name, "" when none is given
+};
+
+std::string read_source(const std::string& rel) {
+  std::ifstream in(std::string(LEANTRAIN_SOURCE_DIR) + "/" + rel);
+  EXPECT_TRUE(in.good()) << "cannot read " << rel;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The indented lines ("//   ...") that follow the "Parameter names (named_parameters())"
+// line of a header comment (skipping the rest of that sentence), up to the first line that
+// is not indented.
+std::string names_block(const std::string& header) {
+  std::istringstream in(header);
+  std::string line, block;
+  bool in_intro = false, in_block = false;
+  while (std::getline(in, line)) {
+    if (!in_intro && !in_block) {
+      in_intro = line.find("Parameter names (named_parameters())") != std::string::npos;
+      continue;
+    }
+    const bool indented = line.rfind("//   ", 0) == 0;
+    if (in_intro && !indented) continue;  // the sentence goes on
+    in_intro = false;
+    if (!indented) break;
+    in_block = true;
+    block += line.substr(2) + "\n";
+  }
+  return block;
+}
+
+std::map<std::string, DocumentedName> documented_names(const std::string& header_rel) {
+  const std::string block = names_block(read_source(header_rel));
+  EXPECT_FALSE(block.empty()) << header_rel << " has no parameter-name block";
+  static const std::regex name(R"(\b([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)*\.(?:weight/bias|weight|bias|\*))(?:\s*\[([^\]]*)\])?)");
+  std::map<std::string, DocumentedName> out;
+  for (auto it = std::sregex_iterator(block.begin(), block.end(), name); it != std::sregex_iterator(); ++it) {
+    std::string n = (*it)[1].str();
+    const std::string shape = (*it)[2].matched ? (*it)[2].str() : "";
+    std::vector<std::string> expanded;
+    for (const std::string both : {".weight/bias", ".*"})
+      if (n.size() > both.size() && n.compare(n.size() - both.size(), both.size(), both) == 0) {
+        const std::string stem = n.substr(0, n.size() - both.size());
+        expanded = {stem + ".weight", stem + ".bias"};
+      }
+    if (expanded.empty()) expanded = {n};
+    for (const auto& e : expanded) {
+      EXPECT_FALSE(out.count(e)) << header_rel << " documents " << e << " twice";
+      out[e] = {shape};
+    }
+  }
+  return out;
+}
+
+// "blocks.12.conv1.weight" -> "blocks.i.conv1.weight".
+std::string generic(const std::string& n) {
+  static const std::regex index(R"((^|\.)[0-9]+(?=\.|$))");
+  return std::regex_replace(n, index, "$1i");
+}
+
+// A documented shape such as "3D,D" or "V, D" evaluated with the config's sizes.
+std::vector<int64_t> eval_shape(const std::string& text, const std::map<std::string, int64_t>& sym) {
+  std::vector<int64_t> dims;
+  std::stringstream ss(text);
+  static const std::regex term(R"(\s*([0-9]*)\s*([A-Za-z_][A-Za-z0-9_]*)?\s*)");
+  for (std::string part; std::getline(ss, part, ',');) {
+    std::smatch m;
+    if (!std::regex_match(part, m, term) || (m[1].length() == 0 && m[2].length() == 0)) {
+      ADD_FAILURE() << "cannot read the documented shape [" << text << "]";
+      return {};
+    }
+    int64_t v = m[1].length() ? std::stoll(m[1].str()) : 1;
+    if (m[2].length()) {
+      const auto it = sym.find(m[2].str());
+      if (it == sym.end()) {
+        ADD_FAILURE() << "unknown size " << m[2].str() << " in the documented shape [" << text << "]";
+        return {};
+      }
+      v *= it->second;
+    }
+    dims.push_back(v);
+  }
+  return dims;
+}
+
+// named_parameters() against the header: every parameter documented, every documented name
+// present; with `sym`, every documented shape equal to the parameter's.
+void expect_documented(const lm::Model& m, const std::string& header_rel,
+                       const std::map<std::string, int64_t>* sym = nullptr) {
+  SCOPED_TRACE(header_rel);
+  const auto doc = documented_names(header_rel);
+  std::set<std::string> seen;
+  for (const auto& p : m.named_parameters()) {
+    const std::string g = generic(p.key());
+    const bool first = seen.insert(g).second;
+    const auto it = doc.find(g);
+    if (it == doc.end()) {
+      if (first) ADD_FAILURE() << p.key() << " (" << g << ") is not documented";
+      continue;
+    }
+    if (sym != nullptr) {
+      EXPECT_FALSE(it->second.shape.empty()) << g << " has no documented shape";
+      if (!it->second.shape.empty())
+        EXPECT_EQ(eval_shape(it->second.shape, *sym), p.value().sizes().vec())
+            << p.key() << ": documented [" << it->second.shape << "]";
+    }
+  }
+  for (const auto& [n, d] : doc) EXPECT_TRUE(seen.count(n)) << n << " is documented but not a parameter";
+}
+
+std::set<std::string> buffer_names(const torch::nn::Module& m) {
+  std::set<std::string> names;
+  for (const auto& b : m.named_buffers()) names.insert(b.key());
+  return names;
+}
+
 TEST(ModelsNames, Documented) {
-  auto gpt = param_names(*lm::build_model(tiny_gpt()));
-  for (const char* n :
-       {"wte.weight", "wpe.weight", "blocks.0.ln1.weight", "blocks.0.ln1.bias",
-        "blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias", "blocks.0.attn.proj.weight",
-        "blocks.0.attn.proj.bias", "blocks.0.ln2.weight", "blocks.0.mlp.fc.weight",
-        "blocks.0.mlp.fc.bias", "blocks.2.mlp.proj.weight", "blocks.2.mlp.proj.bias",
-        "ln_f.weight", "ln_f.bias"}) {
-    EXPECT_TRUE(gpt.count(n)) << "gpt: " << n;
-  }
-  EXPECT_EQ(gpt.size(), 2u + 3u * 12u + 2u);
+  // GPT: D = d_model, F = 4D (d_ff 0), V = vocab_size, S = seq_len.
+  const auto g = tiny_gpt();
+  auto gpt = lm::build_model(g);
+  const std::map<std::string, int64_t> gsym = {{"D", g.d_model}, {"F", 4 * g.d_model}, {"V", g.vocab_size},
+                                               {"S", g.seq_len}};
+  expect_documented(*gpt, "models/include/leantrain/models/gpt.h", &gsym);
+  EXPECT_EQ(param_names(*gpt).size(), 2u + 3u * 12u + 2u);  // 12 per block, every block
+  ASSERT_NE(read_source("models/include/leantrain/models/gpt.h").find("\n// No buffers."), std::string::npos);
+  EXPECT_TRUE(buffer_names(*gpt).empty());
 
-  auto bert = param_names(*lm::build_model(tiny_bert()));
-  for (const char* n :
-       {"tok_emb.weight", "pos_emb.weight", "type_emb.weight", "emb_ln.weight", "emb_ln.bias",
-        "blocks.0.attn.qkv.weight", "blocks.0.attn.proj.bias", "blocks.0.ln1.weight",
-        "blocks.1.mlp.fc.weight", "blocks.1.mlp.proj.weight", "blocks.1.ln2.bias",
-        "mlm.dense.weight", "mlm.dense.bias", "mlm.ln.weight", "mlm.ln.bias", "mlm.bias"}) {
-    EXPECT_TRUE(bert.count(n)) << "bert: " << n;
-  }
+  // BERT: the same letters and Y = type_vocab_size.
+  const auto b = tiny_bert();
+  auto bert = lm::build_model(b);
+  const std::map<std::string, int64_t> bsym = {{"D", b.d_model}, {"F", 4 * b.d_model}, {"V", b.vocab_size},
+                                               {"S", b.seq_len}, {"Y", b.type_vocab_size}};
+  expect_documented(*bert, "models/include/leantrain/models/bert.h", &bsym);
+  ASSERT_NE(read_source("models/include/leantrain/models/bert.h").find("\n// No buffers."), std::string::npos);
+  EXPECT_TRUE(buffer_names(*bert).empty());
 
+  // ResNet-50 has every documented kind of name (bottlenecks, downsampling); ResNet-18's
+  // basic blocks only a subset of them. Names only: the documented shapes are in words.
   auto rn = lm::build_model(resnet_cfg(50));
-  auto resnet = param_names(*rn);
-  for (const char* n :
-       {"stem.conv.weight", "stem.bn.weight", "stem.bn.bias", "blocks.0.conv1.weight",
-        "blocks.0.bn1.weight", "blocks.0.conv3.weight", "blocks.0.bn3.bias",
-        "blocks.0.down.conv.weight", "blocks.0.down.bn.weight", "blocks.3.down.conv.weight",
-        "blocks.15.conv2.weight", "fc.weight", "fc.bias"}) {
-    EXPECT_TRUE(resnet.count(n)) << "resnet: " << n;
+  expect_documented(*rn, "models/include/leantrain/models/resnet.h");
+  const auto rdoc = documented_names("models/include/leantrain/models/resnet.h");
+  for (const auto& n : param_names(*lm::build_model(resnet_cfg(18))))
+    EXPECT_TRUE(rdoc.count(generic(n))) << "resnet-18: " << n;
+  EXPECT_FALSE(param_names(*rn).count("blocks.1.down.conv.weight"));  // shape kept: no downsampling
+  // Buffers (documented in words): running_mean, running_var, num_batches_tracked of every BN.
+  std::set<std::string> want_buffers;
+  for (const auto& n : param_names(*rn)) {
+    const auto dot = n.rfind(".weight");
+    const auto last = n.rfind('.', dot - 1);
+    const std::string module = n.substr(0, dot);
+    if (dot != std::string::npos && dot + 7 == n.size() && module.compare(last + 1, 2, "bn") == 0)
+      for (const char* suffix : {".running_mean", ".running_var", ".num_batches_tracked"})
+        want_buffers.insert(module + suffix);
   }
-  EXPECT_FALSE(resnet.count("blocks.1.down.conv.weight"));
-  EXPECT_FALSE(resnet.count("stem.conv.bias"));
-  std::set<std::string> buffers;
-  for (const auto& b : rn->named_buffers()) buffers.insert(b.key());
-  EXPECT_TRUE(buffers.count("stem.bn.running_mean"));
-  EXPECT_TRUE(buffers.count("blocks.0.down.bn.running_var"));
+  EXPECT_EQ(want_buffers.size(), 3u * (1u + 16u * 3u + 4u));  // stem, 3 per bottleneck, 4 downsamplings
+  EXPECT_EQ(buffer_names(*rn), want_buffers);
 
   lt::ModelConfig mlp;
-  mlp.hidden = {8};
-  auto names = param_names(*lm::build_model(mlp));
-  EXPECT_EQ(names, (std::set<std::string>{"blocks.0.fc.weight", "blocks.0.fc.bias",
-                                          "head.weight", "head.bias"}));
+  mlp.hidden = {8, 4};
+  expect_documented(*lm::build_model(mlp), "models/include/leantrain/models/mlp.h");
+  EXPECT_EQ(param_names(*lm::build_model(mlp)).size(), 6u);
+
+  // docs/CHECKPOINTS.md names datasets "exactly as named_parameters() / named_buffers()": its
+  // examples in the /model/<name> section are names of these models.
+  const std::string doc = read_source("docs/CHECKPOINTS.md");
+  const auto from = doc.find("### `/model/<name>`");
+  ASSERT_NE(from, std::string::npos);
+  const std::string section = doc.substr(from, doc.find("\n### ", from + 1) - from);
+  std::set<std::string> known = param_names(*gpt);
+  for (const auto* model : {bert.get(), rn.get()}) {
+    for (const auto& n : param_names(*model)) known.insert(n);
+    for (const auto& n : buffer_names(*model)) known.insert(n);
+  }
+  // Tensor names: dotted, ending in a parameter's or a buffer's leaf (not `precision.mode`).
+  static const std::regex example(
+      R"(`([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)*\.(?:weight|bias|running_mean|running_var|num_batches_tracked))`)");
+  size_t examples = 0;
+  for (auto it = std::sregex_iterator(section.begin(), section.end(), example); it != std::sregex_iterator(); ++it) {
+    ++examples;
+    EXPECT_TRUE(known.count((*it)[1].str())) << "docs/CHECKPOINTS.md names " << (*it)[1].str();
+  }
+  EXPECT_GE(examples, 2u);
 }
 
 TEST(ModelsConfig, BadValuesNameTheKey) {
