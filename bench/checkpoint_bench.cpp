@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
     const int64_t T = std::min(o.tokens, cfg.model.seq_len);
     lt::trainers::Trainer trainer(cfg,
                                   {lt::models::build_model(cfg.model),
-                                   std::make_shared<ShortWindows>(cfg.model.vocab_size, T), nullptr},
+                                   std::make_shared<ShortWindows>(cfg.model.vocab_size, T), nullptr, "gpt"},
                                   ctx, local);
     auto& model = trainer.model();
     auto& optimizer = trainer.optimizer();

@@ -3,6 +3,7 @@
 // output, read metrics.jsonl, compare checkpoints. Torch-free: processes and files only.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -38,7 +39,8 @@ class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("lt_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+           ("lt_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "." +
+            std::to_string(::getpid()));  // two builds' suites may run at once
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }

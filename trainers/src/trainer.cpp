@@ -82,7 +82,7 @@ Components make_components(const Config& cfg) {
   MemoryMeter::install_cpu_tracking();  // before the first parameter (Note [Memory breakdown])
   torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));  // same initial weights on every rank
   auto data = data::make_datasets(cfg.data, cfg.model);
-  return Components{models::build_model(cfg.model), data.train, data.eval};
+  return Components{models::build_model(cfg.model), data.train, data.eval, "model " + cfg.model.kind};
 }
 
 // What the micro-batches of one try of a step left behind (Note [Out-of-memory back-off]).
@@ -255,7 +255,7 @@ void Trainer::open_outputs() {
 
 void Trainer::log_start() const {
   const auto& t = cfg_.train;
-  log::info("model " + cfg_.model.kind + ": " + std::to_string(models::count_parameters(*parts_.model)) +
+  log::info(parts_.name + ": " + std::to_string(models::count_parameters(*parts_.model)) +
             " parameters; " + parts_.train->describe());
   log::info("device " + ctx_.device_string() + ", " + std::to_string(ctx_.threads) + " threads, world " +
             std::to_string(world_) + ", precision " + cfg_.precision.mode + "; global batch " +

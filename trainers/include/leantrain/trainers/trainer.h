@@ -7,7 +7,9 @@
 // benchmarks call the same train_step, so what they measure is what trains.
 //
 //   auto parts = lt::trainers::make_components(cfg);      // or your own model and datasets
-//   lt::trainers::Trainer trainer(cfg, parts, ctx, comm, {.out_dir = "runs/x"});
+//   lt::trainers::TrainerOptions opt;
+//   opt.out_dir = "runs/x";
+//   lt::trainers::Trainer trainer(cfg, parts, ctx, comm, opt);
 //   auto summary = trainer.run();
 #include <cstdint>
 #include <memory>
@@ -36,6 +38,7 @@ struct Components {
   std::shared_ptr<models::Model> model;
   std::shared_ptr<data::Dataset> train;
   std::shared_ptr<data::Dataset> eval;
+  std::string name = "model";  // the model's name in the run log
 };
 
 /// The built-in model and datasets a config names, seeded with data.seed (so every rank
