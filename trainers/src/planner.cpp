@@ -72,46 +72,6 @@ void sync(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
-// Note [Planner probe]: a probe is the training step itself (Trainer::train_step, the one
-// `leantrain train` runs) of the candidate at micro-batch m on one process, with accumulation
-// min(A, 2): from the second micro-batch on the gradients stay allocated while the forward
-// runs, which is the worst position of every accumulating step, so two micro-batches show the
-// peak of A. The step ends with the update, so the peak covers parameters, gradients,
-// optimizer state (and its update temporaries), the batch and the activations of one
-// micro-batch (and any tensor a data set holds, as in training). One warm-up step first
-// (allocates the optimizer state, warms the allocator and lazy initialisation), then
-// measure_steps timed ones; each step's compute time over its micro-batches gives the time of
-// one micro-batch, its update time the rest. A multi-rank candidate keeps its gradients
-// allocated across steps, as the gradient buckets do (TrainerOptions::hold_gradients); the
-// candidate of one rank without accumulation frees them before its only forward
-// (zero_grad(set_to_none) at the step's start; Note [Gradients stay in the buckets] in
-// trainer.cpp), so its peak is lower than the worst-position peak by up to the gradients
-// (GPT-12L seq 512, full checkpointing: 2.00 GiB at 2x1 vs 2.30 GiB at 1x2).
-// Note [Slow candidates]: a probe costs a few steps, which is nothing where a sample
-// takes milliseconds and minutes where a precision runs a slow kernel path: bf16 matmuls on a
-// CPU without AVX-512 BF16 go through a reference GEMM 10-20x slower than fp32 (GPT-2 small,
-// seq 512: about a minute per sample). So before the first probe of each (precision, policy)
-// at micro-batch 1, one forward of the fresh model is timed, and when that is over
-// slow_factor (4) x the fastest such forward of the pairs probed before it, the probe stops
-// there, the pair's rows are listed as `slow`, and the later policies of the same precision are
-// listed as `slow` without a probe: at micro-batch 1 they run the same forward and recompute
-// more. A forward under slow_min_s (0.5 s) a sample is never judged: such probes are cheap,
-// and a first forward that short is dominated by one-time costs (the tiny GPT of the tests:
-// bf16's first forward 4.5 ms, fp32's 1 ms, while its bf16 steps run at 0.7x fp32's speed).
-// The rule compares like with like (each pair's first forward at micro-batch 1, each on a
-// freshly built model) and gives up only what could win if a larger micro-batch sped the
-// slow precision up by more than slow_factor relative to the fast one; memory does not enter
-// it (a slow pair is not needed to fit: a precision is judged slow only after a faster one
-// was measured). The cost of finding a pair slow is one forward of one sample.
-//
-// Note [Recomputation is dominated]: at the same precision and micro-batch, a checkpointing
-// policy runs the forward of `none` plus some of it again in the backward, and saves only
-// memory. So once `none` fits at the whole per-rank batch (accumulation 1, the fastest
-// micro-batch under the time model), every candidate of a later policy of that precision is
-// dominated by it and is not probed: its rows are `skipped`, its fit `dominated`. Where it
-// applies it removes two of three pairs' probes (GPT-12L seq 512 under 4 GiB: 12 candidates,
-// 4 probes instead of 12); where `none` does not fit the whole batch, every policy is probed.
-
 /// The timed forward of Note [Slow candidates], per sample.
 double first_forward_s(models::Model& model, const data::Dataset& train, const std::string& precision,
                        const torch::Device& device, const ProbeDelay& delay) {
@@ -128,6 +88,22 @@ double first_forward_s(models::Model& model, const data::Dataset& train, const s
   sync(device);
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// Note [Planner probe]: a probe is the training step itself (Trainer::train_step, the one
+// `leantrain train` runs) of the candidate at micro-batch m on one process, with accumulation
+// min(A, 2): from the second micro-batch on the gradients stay allocated while the forward
+// runs, which is the worst position of every accumulating step, so two micro-batches show the
+// peak of A. The step ends with the update, so the peak covers parameters, gradients,
+// optimizer state (and its update temporaries), the batch and the activations of one
+// micro-batch (and any tensor a data set holds, as in training). One warm-up step first
+// (allocates the optimizer state, warms the allocator and lazy initialisation), then
+// measure_steps timed ones; each step's compute time over its micro-batches gives the time of
+// one micro-batch, its update time the rest. A multi-rank candidate keeps its gradients
+// allocated across steps, as the gradient buckets do (TrainerOptions::hold_gradients); the
+// candidate of one rank without accumulation frees them before its only forward
+// (zero_grad(set_to_none) at the step's start; Note [Gradients stay in the buckets] in
+// trainer.cpp), so its peak is lower than the worst-position peak by up to the gradients
+// (GPT-12L seq 512, full checkpointing: 2.00 GiB at 2x1 vs 2.30 GiB at 1x2).
 
 /// The candidate's configuration as one process runs it in a probe (Note [Planner probe]).
 Config probe_config(const Config& cfg, const std::string& precision, const std::string& policy, int64_t micro,
@@ -207,10 +183,8 @@ std::string fmt(double v, const char* f) {
   return buf;
 }
 
-}  // namespace
-
-Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, const PlanOptions& opt) {
-  const auto& t = cfg.train;
+/// The per-rank batch, once the budget, the margin and the global batch are checked.
+int64_t checked_per_rank_batch(const TrainConfig& t, int world_size, const PlanOptions& opt) {
   if (opt.budget <= 0)
     throw ConfigError("leantrain plan needs a budget: --memory-budget SIZE (or memory.budget), e.g. 8GiB");
   if (!(opt.margin >= 0 && opt.margin < 1))
@@ -219,18 +193,24 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
   if (per_rank <= 0 || t.global_batch % world_size != 0)
     throw ConfigError("train.global_batch = " + std::to_string(t.global_batch) + " must be a multiple of the " +
                       std::to_string(world_size) + " ranks");
+  return per_rank;
+}
 
-  const torch::Device device = ctx.on_cuda() ? torch::Device(torch::kCUDA, ctx.device_index) : torch::Device(torch::kCPU);
-  MemoryMeter meter(ctx.device_index);
+/// A plan with its budget, limit and device, before any candidate.
+Plan empty_plan(const PlanOptions& opt, int world_size, int64_t global_batch, const MemoryMeter& meter) {
   Plan plan;
   plan.budget = opt.budget;
   plan.margin = opt.margin;
   plan.slow_factor = opt.slow_factor;
   plan.limit = static_cast<int64_t>(static_cast<double>(opt.budget) * (1.0 - opt.margin));
   plan.world_size = world_size;
-  plan.global_batch = t.global_batch;
+  plan.global_batch = global_batch;
   plan.device = meter.device_name();
+  return plan;
+}
 
+/// The precisions to probe: the options' own, else fp32 and bf16 where the device runs it.
+std::vector<std::string> candidate_precisions(const PlanOptions& opt, const torch::Device& device) {
   std::vector<std::string> precisions = opt.precisions;
   if (precisions.empty()) {
     precisions.push_back("fp32");
@@ -241,195 +221,329 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
       log::info(std::string("planner: bf16 skipped: ") + e.what());
     }
   }
-  std::vector<int64_t> micros;  // powers of two dividing the per-rank batch
+  return precisions;
+}
+
+/// The micro-batches to probe: the powers of two dividing the per-rank batch.
+std::vector<int64_t> candidate_micro_batches(int64_t per_rank) {
+  std::vector<int64_t> micros;
   for (int64_t m = 1; m <= per_rank; m *= 2)
     if (per_rank % m == 0) micros.push_back(m);
+  return micros;
+}
 
-  auto data = data::make_datasets(cfg.data, cfg.model);
-  // Note [Budget minimum] in trainer.cpp, for the planner: the fixed part of every candidate.
+/// The bytes of the model's parameters, counted on a model built (seeded) for the count alone.
+int64_t parameter_bytes(const Config& cfg) {
   int64_t param_bytes = 0;
-  {
-    torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
-    auto probe_model = models::build_model(cfg.model);
-    for (const auto& p : probe_model->parameters()) param_bytes += static_cast<int64_t>(p.nbytes());
-  }
-  const int64_t comm_bytes = world_size > 1 ? param_bytes : 0;  // the gradient buckets' flat buffers
-  plan.fixed_minimum = meter.stats().current_bytes + param_bytes /*parameters*/ + param_bytes /*gradients*/ +
-                       optimizer_state_bytes(t, param_bytes) + comm_bytes;
-  if (opt.budget < plan.fixed_minimum)
-    throw ConfigError("memory.budget = " + bytes_text(opt.budget) + " is below the fixed part of every candidate, " +
-                      bytes_text(plan.fixed_minimum) + " (parameters " + format_bytes(param_bytes) +
+  torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
+  auto probe_model = models::build_model(cfg.model);
+  for (const auto& p : probe_model->parameters()) param_bytes += static_cast<int64_t>(p.nbytes());
+  return param_bytes;
+}
+
+// Note [Budget minimum] in trainer.cpp, for the planner: the fixed part of every candidate.
+/// What is allocated now (data and buffers), the parameters, their gradients, the optimizer
+/// state and the gradient buckets (comm_bytes). A ConfigError when the budget is below it.
+int64_t checked_fixed_minimum(const TrainConfig& t, const MemoryMeter& meter, int64_t param_bytes,
+                              int64_t comm_bytes, int64_t budget) {
+  const int64_t fixed_minimum = meter.stats().current_bytes + param_bytes /*parameters*/ +
+                                param_bytes /*gradients*/ + optimizer_state_bytes(t, param_bytes) + comm_bytes;
+  if (budget < fixed_minimum)
+    throw ConfigError("memory.budget = " + bytes_text(budget) + " is below the fixed part of every candidate, " +
+                      bytes_text(fixed_minimum) + " (parameters " + format_bytes(param_bytes) +
                       ", gradients " + format_bytes(param_bytes) + ", optimizer state " +
                       format_bytes(optimizer_state_bytes(t, param_bytes)) +
-                      ", data and buffers): give --memory-budget at least " + std::to_string(plan.fixed_minimum) +
+                      ", data and buffers): give --memory-budget at least " + std::to_string(fixed_minimum) +
                       " bytes plus room for activations");
+  return fixed_minimum;
+}
 
-  const ProbeDelay delay = probe_delay_from_env();
-  double fastest_warmup = -1;               // per sample, over the pairs probed so far
-  std::set<std::string> slow_precisions;    // Note [Slow candidates]
-  std::set<std::string> none_fits_whole;    // Note [Recomputation is dominated]
-  // The probes hold no gradient buckets: under mpirun their buffers come off the budget.
-  BudgetScope scope(meter, opt.budget - comm_bytes);
-  for (const auto& precision : precisions) {
-    for (const auto& policy : opt.policies) {
-      PlanFit fit;
-      fit.precision = precision;
-      fit.policy = policy;
-      std::vector<double> xs, times, updates;  // every probe: the time model
-      std::vector<double> line_xs, peaks;      // the probes on the memory line (not `solo`)
-      const size_t first_row = plan.rows.size();
-      // Not probed: a later policy of a slow precision recomputes more, so at micro-batch 1 it
-      // is slower still (Note [Slow candidates]); one of a precision whose `none` fits the whole
-      // batch is dominated (Note [Recomputation is dominated]).
-      fit.slow = slow_precisions.count(precision) > 0;
-      fit.dominated = !fit.slow && policy != "none" && none_fits_whole.count(precision) > 0;
-      if (fit.slow || fit.dominated) {
-        for (const int64_t m : micros) {
-          PlanRow row = make_row(precision, policy, m, per_rank);
-          row.slow = fit.slow;
-          row.skipped = fit.dominated;
-          plan.rows.push_back(row);
-        }
-        plan.fits.push_back(fit);
-        continue;
-      }
-      for (const int64_t m : micros) plan.rows.push_back(make_row(precision, policy, m, per_rank));
-      size_t bound = micros.size();  // micros[bound..] ran out of memory or exceeded the limit
-      int largest_fit = -1;          // the largest index measured under the limit
-      // One rank, accumulation 1: the gradients are not held during the forward, so that
-      // candidate is off the memory line (Note [Planner probe]); probed on its own, second.
-      const size_t last = micros.size() - 1;
-      const bool solo = world_size == 1 && micros[last] == per_rank;
-      double solo_peak = -1;  // its probe's peak (without the buckets)
-      auto tried = [&](size_t k) { return plan.rows[first_row + k].probed || plan.rows[first_row + k].oom; };
-      try {
-        torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
-        std::shared_ptr<models::Model> model = models::build_model(cfg.model);
-        model->to(device);
-        model->train();
-        models::apply_checkpoint_policy(*model, models::CheckpointPolicy::parse(policy));
-        // Note [Probe order]: micro-batch 1 first, then always the largest micro-batch the
-        // memory model (refitted after every probe) predicts under the limit, above the
-        // largest one measured to fit and below the smallest one that did not. The time model
-        // makes throughput grow with the micro-batch (samples/s = G / (P a / m + P b + u),
-        // a >= 0), so of a pair only its largest fitting micro-batch can be chosen; the ones
-        // between are predicted, not probed (`skipped`). A pair costs 2-3 probes, not one per
-        // micro-batch. At one rank the accumulation-1 candidate (micro-batch = the batch) is
-        // probed second, on its own: its peak is below the line (Note [Planner probe]), so it can
-        // fit where micro-batch 1 did not; when it fits, every smaller one is skipped.
-        auto next_probe = [&]() -> int {
-          if (!tried(0)) return 0;
-          if (solo && !tried(last)) return static_cast<int>(last);
-          const auto [a, b] = fit_line(line_xs, peaks, static_cast<double>(plan.fixed_minimum));
-          for (int i = static_cast<int>(std::min(bound, solo ? last : micros.size())) - 1; i > largest_fit; --i)
-            if (!tried(static_cast<size_t>(i)) &&
-                a + b * static_cast<double>(micros[static_cast<size_t>(i)]) + static_cast<double>(comm_bytes) <=
-                    static_cast<double>(plan.limit))
-              return i;
-          return -1;
-        };
-        for (int i = next_probe(); i >= 0 && !fit.slow; i = next_probe()) {
-          const auto k = static_cast<size_t>(i);
-          const int64_t m = micros[k];
-          PlanRow& row = plan.rows[first_row + k];
-          const bool off_line = solo && k == last;
-          try {
-            const bool first = k == 0;
-            if (first) {
-              fit.warmup_forward_s = first_forward_s(*model, *data.train, precision, device, delay);
-              const double slow_above = opt.slow_factor > 0 && fastest_warmup > 0
-                                            ? std::max(opt.slow_factor * fastest_warmup, opt.slow_min_s)
-                                            : 0;
-              if (slow_above > 0 && fit.warmup_forward_s > slow_above) {
-                fit.slow = true;
-                slow_precisions.insert(precision);
-                log::info("planner: " + precision + "/" + policy + " is slow: warm-up forward " +
-                          fmt(fit.warmup_forward_s, "%.3g") + " s/sample > " + fmt(opt.slow_factor, "%g") + " x " +
-                          fmt(fastest_warmup, "%.3g") + " s/sample; not probed further (Note [Slow candidates])");
-                break;
-              }
-              if (fastest_warmup < 0 || fit.warmup_forward_s < fastest_warmup) fastest_warmup = fit.warmup_forward_s;
-            }
-            const Probe p = run_probe(cfg, ctx, model, data.train, precision, policy, m, row.accumulation, world_size,
-                                      opt.measure_steps, delay);
-            row.probed = true;
-            row.measured_peak = p.peak + comm_bytes;
-            row.measured_sps = static_cast<double>(t.global_batch) /
-                               (static_cast<double>(row.accumulation) * p.micro_s + p.update_s);
-            xs.push_back(static_cast<double>(m));
-            if (off_line) solo_peak = static_cast<double>(p.peak);
-            else line_xs.push_back(static_cast<double>(m)), peaks.push_back(static_cast<double>(p.peak));
-            times.push_back(p.micro_s);
-            updates.push_back(p.update_s);
-            if (row.measured_peak <= plan.limit) largest_fit = std::max(largest_fit, i);
-            else if (!off_line) bound = std::min(bound, k);
-          } catch (const c10::OutOfMemoryError&) {
-            row.oom = true;
-            if (!off_line) bound = std::min(bound, k);
-          }
-        }
-      } catch (const c10::OutOfMemoryError&) {
-        // The model and its optimizer state alone did not fit: every row of this pair is out.
-        for (size_t k = 0; k < micros.size(); ++k)
-          if (!plan.rows[first_row + k].probed) plan.rows[first_row + k].oom = true;
-      }
-      for (size_t k = 0; k < micros.size(); ++k) {
-        auto& row = plan.rows[first_row + k];
-        if (fit.slow) row.slow = true;
-        // Below a micro-batch measured to fit: dominated by it (Note [Probe order]).
-        else if (!row.probed && !row.oom && static_cast<int>(k) < largest_fit)
-          row.skipped = true;
-      }
-      fit.points = static_cast<int>(xs.size());
-      if (!xs.empty()) {
-        // A lone accumulation-1 probe (a batch of 1) still gives the line its one point.
-        const auto [a, b] = line_xs.empty() ? fit_line(xs, {solo_peak}, static_cast<double>(plan.fixed_minimum))
-                                            : fit_line(line_xs, peaks, static_cast<double>(plan.fixed_minimum));
-        fit.fixed_bytes = a + static_cast<double>(comm_bytes);
-        fit.per_sample_bytes = b;
-        const auto [ta, tb] = fit_line(xs, times, 0.0);
-        fit.micro_fixed_s = std::max(0.0, ta);
-        fit.micro_per_sample_s = tb;
-        double u = 0;
-        for (double v : updates) u += v;
-        fit.update_s = u / static_cast<double>(updates.size());
-        for (size_t i = first_row; i < plan.rows.size(); ++i) {
-          auto& row = plan.rows[i];
-          const double m = static_cast<double>(row.micro_batch);
-          row.predicted_peak = static_cast<int64_t>(std::ceil(fit.fixed_bytes + fit.per_sample_bytes * m));
-          // Off the line: its own measurement is its prediction (Note [Planner probe]).
-          if (solo && i == first_row + last && row.probed) row.predicted_peak = row.measured_peak;
-          const double micro_s = std::max(1e-9, fit.micro_fixed_s + fit.micro_per_sample_s * m);
-          row.predicted_sps = static_cast<double>(t.global_batch) /
-                              (static_cast<double>(row.accumulation) * micro_s + fit.update_s);
-          row.fits = row.probed && row.measured_peak <= plan.limit && row.predicted_peak <= plan.limit;
-        }
-      }
-      if (policy == "none" && plan.rows[first_row + micros.size() - 1].fits) none_fits_whole.insert(precision);
-      plan.fits.push_back(fit);
+/// What the probes of every (precision, policy) share, and what the pairs probed so far found.
+struct Planner {
+  const Config& cfg;
+  const RuntimeContext& ctx;
+  const PlanOptions& opt;
+  int world_size;
+  torch::Device device;
+  int64_t per_rank;
+  std::vector<int64_t> micros;  // powers of two dividing the per-rank batch
+  std::shared_ptr<data::Dataset> train;
+  int64_t comm_bytes;  // the gradient buckets' flat buffers (0 at one rank)
+  ProbeDelay delay;
+  Plan& plan;
+  double fastest_warmup = -1;             // per sample, over the pairs probed so far
+  std::set<std::string> slow_precisions;  // Note [Slow candidates]
+  std::set<std::string> none_fits_whole;  // Note [Recomputation is dominated]
+};
+
+/// What the probes of one (precision, policy) measured, and where its probe order stands.
+struct PairProbes {
+  size_t first_row = 0;                    // the pair's first row in Plan::rows
+  std::vector<double> xs, times, updates;  // every probe: the time model
+  std::vector<double> line_xs, peaks;      // the probes on the memory line (not `solo`)
+  size_t bound = 0;                        // micros[bound..] ran out of memory or exceeded the limit
+  int largest_fit = -1;                    // the largest index measured under the limit
+  // One rank, accumulation 1: the gradients are not held during the forward, so that
+  // candidate is off the memory line (Note [Planner probe]); probed on its own, second.
+  size_t last = 0;
+  bool solo = false;
+  double solo_peak = -1;  // its probe's peak (without the buckets)
+};
+
+/// A pair about to be probed: its rows start at the end of Plan::rows, none of them tried yet.
+PairProbes start_pair(const Planner& s) {
+  PairProbes pp;
+  pp.first_row = s.plan.rows.size();
+  pp.bound = s.micros.size();
+  pp.last = s.micros.size() - 1;
+  pp.solo = s.world_size == 1 && s.micros[pp.last] == s.per_rank;
+  return pp;
+}
+
+// Note [Slow candidates]: a probe costs a few steps, which is nothing where a sample
+// takes milliseconds and minutes where a precision runs a slow kernel path: bf16 matmuls on a
+// CPU without AVX-512 BF16 go through a reference GEMM 10-20x slower than fp32 (GPT-2 small,
+// seq 512: about a minute per sample). So before the first probe of each (precision, policy)
+// at micro-batch 1, one forward of the fresh model is timed, and when that is over
+// slow_factor (4) x the fastest such forward of the pairs probed before it, the probe stops
+// there, the pair's rows are listed as `slow`, and the later policies of the same precision are
+// listed as `slow` without a probe: at micro-batch 1 they run the same forward and recompute
+// more. A forward under slow_min_s (0.5 s) a sample is never judged: such probes are cheap,
+// and a first forward that short is dominated by one-time costs (the tiny GPT of the tests:
+// bf16's first forward 4.5 ms, fp32's 1 ms, while its bf16 steps run at 0.7x fp32's speed).
+// The rule compares like with like (each pair's first forward at micro-batch 1, each on a
+// freshly built model) and gives up only what could win if a larger micro-batch sped the
+// slow precision up by more than slow_factor relative to the fast one; memory does not enter
+// it (a slow pair is not needed to fit: a precision is judged slow only after a faster one
+// was measured). The cost of finding a pair slow is one forward of one sample.
+
+/// Times the pair's first forward (at micro-batch 1, before its first probe) and judges it
+/// against the fastest one so far: true when the pair is slow and is not probed further.
+bool judged_slow(Planner& s, PlanFit& fit, models::Model& model) {
+  const PlanOptions& opt = s.opt;
+  fit.warmup_forward_s = first_forward_s(model, *s.train, fit.precision, s.device, s.delay);
+  const double slow_above =
+      opt.slow_factor > 0 && s.fastest_warmup > 0 ? std::max(opt.slow_factor * s.fastest_warmup, opt.slow_min_s) : 0;
+  if (slow_above > 0 && fit.warmup_forward_s > slow_above) {
+    fit.slow = true;
+    s.slow_precisions.insert(fit.precision);
+    log::info("planner: " + fit.precision + "/" + fit.policy + " is slow: warm-up forward " +
+              fmt(fit.warmup_forward_s, "%.3g") + " s/sample > " + fmt(opt.slow_factor, "%g") + " x " +
+              fmt(s.fastest_warmup, "%.3g") + " s/sample; not probed further (Note [Slow candidates])");
+    return true;
+  }
+  if (s.fastest_warmup < 0 || fit.warmup_forward_s < s.fastest_warmup) s.fastest_warmup = fit.warmup_forward_s;
+  return false;
+}
+
+// Note [Probe order]: micro-batch 1 first, then always the largest micro-batch the
+// memory model (refitted after every probe) predicts under the limit, above the
+// largest one measured to fit and below the smallest one that did not. The time model
+// makes throughput grow with the micro-batch (samples/s = G / (P a / m + P b + u),
+// a >= 0), so of a pair only its largest fitting micro-batch can be chosen; the ones
+// between are predicted, not probed (`skipped`). A pair costs 2-3 probes, not one per
+// micro-batch. At one rank the accumulation-1 candidate (micro-batch = the batch) is
+// probed second, on its own: its peak is below the line (Note [Planner probe]), so it can
+// fit where micro-batch 1 did not; when it fits, every smaller one is skipped.
+
+/// The index of the pair's next micro-batch to probe; -1 when none is left.
+int next_probe(const Planner& s, const PairProbes& pp) {
+  const Plan& plan = s.plan;
+  auto tried = [&](size_t k) { return plan.rows[pp.first_row + k].probed || plan.rows[pp.first_row + k].oom; };
+  if (!tried(0)) return 0;
+  if (pp.solo && !tried(pp.last)) return static_cast<int>(pp.last);
+  const auto [a, b] = fit_line(pp.line_xs, pp.peaks, static_cast<double>(plan.fixed_minimum));
+  for (int i = static_cast<int>(std::min(pp.bound, pp.solo ? pp.last : s.micros.size())) - 1; i > pp.largest_fit; --i)
+    if (!tried(static_cast<size_t>(i)) &&
+        a + b * static_cast<double>(s.micros[static_cast<size_t>(i)]) + static_cast<double>(s.comm_bytes) <=
+            static_cast<double>(plan.limit))
+      return i;
+  return -1;
+}
+
+/// Enters the probe of the pair's micro-batch micros[k] in its row and in the pair's lines.
+void record_probe(Planner& s, PairProbes& pp, size_t k, const Probe& p) {
+  PlanRow& row = s.plan.rows[pp.first_row + k];
+  const bool off_line = pp.solo && k == pp.last;
+  const auto m = static_cast<double>(s.micros[k]);
+  row.probed = true;
+  row.measured_peak = p.peak + s.comm_bytes;
+  row.measured_sps = static_cast<double>(s.cfg.train.global_batch) /
+                     (static_cast<double>(row.accumulation) * p.micro_s + p.update_s);
+  pp.xs.push_back(m);
+  if (off_line) pp.solo_peak = static_cast<double>(p.peak);
+  else pp.line_xs.push_back(m), pp.peaks.push_back(static_cast<double>(p.peak));
+  pp.times.push_back(p.micro_s);
+  pp.updates.push_back(p.update_s);
+  if (row.measured_peak <= s.plan.limit) pp.largest_fit = std::max(pp.largest_fit, static_cast<int>(k));
+  else if (!off_line) pp.bound = std::min(pp.bound, k);
+}
+
+/// Probes the pair's micro-batches in the order of Note [Probe order] on `model`, built for the
+/// pair; the first one only once the pair is judged not slow (Note [Slow candidates]).
+void probe_pair(Planner& s, PlanFit& fit, PairProbes& pp, const std::shared_ptr<models::Model>& model) {
+  for (int i = next_probe(s, pp); i >= 0 && !fit.slow; i = next_probe(s, pp)) {
+    const auto k = static_cast<size_t>(i);
+    PlanRow& row = s.plan.rows[pp.first_row + k];
+    const bool off_line = pp.solo && k == pp.last;
+    try {
+      if (k == 0 && judged_slow(s, fit, *model)) break;
+      const Probe p = run_probe(s.cfg, s.ctx, model, s.train, fit.precision, fit.policy, s.micros[k],
+                                row.accumulation, s.world_size, s.opt.measure_steps, s.delay);
+      record_probe(s, pp, k, p);
+    } catch (const c10::OutOfMemoryError&) {
+      row.oom = true;
+      if (!off_line) pp.bound = std::min(pp.bound, k);
     }
   }
+}
 
-  // The choice: the highest predicted samples/s among the candidates that fit.
+/// Builds the pair's model (seeded, on the device, in training mode) under its checkpoint policy.
+std::shared_ptr<models::Model> build_pair_model(const Planner& s, const std::string& policy) {
+  torch::manual_seed(static_cast<uint64_t>(s.cfg.data.seed));
+  std::shared_ptr<models::Model> model = models::build_model(s.cfg.model);
+  model->to(s.device);
+  model->train();
+  models::apply_checkpoint_policy(*model, models::CheckpointPolicy::parse(policy));
+  return model;
+}
+
+/// The pair's rows that were not probed: all of them when the pair was slow, else those below a
+/// micro-batch measured to fit.
+void mark_unprobed_rows(Planner& s, const PlanFit& fit, const PairProbes& pp) {
+  for (size_t k = 0; k < s.micros.size(); ++k) {
+    auto& row = s.plan.rows[pp.first_row + k];
+    if (fit.slow) row.slow = true;
+    // Below a micro-batch measured to fit: dominated by it (Note [Probe order]).
+    else if (!row.probed && !row.oom && static_cast<int>(k) < pp.largest_fit)
+      row.skipped = true;
+  }
+}
+
+/// Fits the pair's memory and time lines to its probes and predicts every row of the pair with
+/// them; does nothing when no probe completed.
+void fit_pair(Planner& s, PlanFit& fit, const PairProbes& pp) {
+  Plan& plan = s.plan;
+  fit.points = static_cast<int>(pp.xs.size());
+  if (pp.xs.empty()) return;
+  // A lone accumulation-1 probe (a batch of 1) still gives the line its one point.
+  const auto [a, b] = pp.line_xs.empty() ? fit_line(pp.xs, {pp.solo_peak}, static_cast<double>(plan.fixed_minimum))
+                                         : fit_line(pp.line_xs, pp.peaks, static_cast<double>(plan.fixed_minimum));
+  fit.fixed_bytes = a + static_cast<double>(s.comm_bytes);
+  fit.per_sample_bytes = b;
+  const auto [ta, tb] = fit_line(pp.xs, pp.times, 0.0);
+  fit.micro_fixed_s = std::max(0.0, ta);
+  fit.micro_per_sample_s = tb;
+  double u = 0;
+  for (double v : pp.updates) u += v;
+  fit.update_s = u / static_cast<double>(pp.updates.size());
+  for (size_t i = pp.first_row; i < plan.rows.size(); ++i) {
+    auto& row = plan.rows[i];
+    const double m = static_cast<double>(row.micro_batch);
+    row.predicted_peak = static_cast<int64_t>(std::ceil(fit.fixed_bytes + fit.per_sample_bytes * m));
+    // Off the line: its own measurement is its prediction (Note [Planner probe]).
+    if (pp.solo && i == pp.first_row + pp.last && row.probed) row.predicted_peak = row.measured_peak;
+    const double micro_s = std::max(1e-9, fit.micro_fixed_s + fit.micro_per_sample_s * m);
+    row.predicted_sps = static_cast<double>(s.cfg.train.global_batch) /
+                        (static_cast<double>(row.accumulation) * micro_s + fit.update_s);
+    row.fits = row.probed && row.measured_peak <= plan.limit && row.predicted_peak <= plan.limit;
+  }
+}
+
+// Note [Recomputation is dominated]: at the same precision and micro-batch, a checkpointing
+// policy runs the forward of `none` plus some of it again in the backward, and saves only
+// memory. So once `none` fits at the whole per-rank batch (accumulation 1, the fastest
+// micro-batch under the time model), every candidate of a later policy of that precision is
+// dominated by it and is not probed: its rows are `skipped`, its fit `dominated`. Where it
+// applies it removes two of three pairs' probes (GPT-12L seq 512 under 4 GiB: 12 candidates,
+// 4 probes instead of 12); where `none` does not fit the whole batch, every policy is probed.
+
+/// One (precision, policy): its rows (one per micro-batch) and its fit, appended to the plan;
+/// probed, or listed as slow or dominated without a probe.
+void plan_pair(Planner& s, const std::string& precision, const std::string& policy) {
+  Plan& plan = s.plan;
+  PlanFit fit;
+  fit.precision = precision;
+  fit.policy = policy;
+  PairProbes pp = start_pair(s);
+  // Not probed: a later policy of a slow precision recomputes more, so at micro-batch 1 it
+  // is slower still (Note [Slow candidates]); one of a precision whose `none` fits the whole
+  // batch is dominated (Note [Recomputation is dominated]).
+  fit.slow = s.slow_precisions.count(precision) > 0;
+  fit.dominated = !fit.slow && policy != "none" && s.none_fits_whole.count(precision) > 0;
+  if (fit.slow || fit.dominated) {
+    for (const int64_t m : s.micros) {
+      PlanRow row = make_row(precision, policy, m, s.per_rank);
+      row.slow = fit.slow;
+      row.skipped = fit.dominated;
+      plan.rows.push_back(row);
+    }
+    plan.fits.push_back(fit);
+    return;
+  }
+  for (const int64_t m : s.micros) plan.rows.push_back(make_row(precision, policy, m, s.per_rank));
+  try {
+    const std::shared_ptr<models::Model> model = build_pair_model(s, policy);
+    probe_pair(s, fit, pp, model);
+  } catch (const c10::OutOfMemoryError&) {
+    // The model and its optimizer state alone did not fit: every row of this pair is out.
+    for (size_t k = 0; k < s.micros.size(); ++k)
+      if (!plan.rows[pp.first_row + k].probed) plan.rows[pp.first_row + k].oom = true;
+  }
+  mark_unprobed_rows(s, fit, pp);
+  fit_pair(s, fit, pp);
+  if (policy == "none" && plan.rows[pp.first_row + s.micros.size() - 1].fits) s.none_fits_whole.insert(precision);
+  plan.fits.push_back(fit);
+}
+
+/// No candidate fits: a ConfigError with the smallest measured peak and the budget it needs.
+[[noreturn]] void throw_no_fit(const Plan& plan, const PlanOptions& opt) {
+  int64_t smallest = -1;
+  for (const auto& r : plan.rows)
+    if (r.probed && (smallest < 0 || r.measured_peak < smallest)) smallest = r.measured_peak;
+  // Every probe out of memory: the smallest candidate needs more than the whole budget.
+  const int64_t need = smallest > 0 ? smallest : opt.budget + 1;
+  const auto at_least = static_cast<int64_t>(std::ceil(static_cast<double>(need) / (1.0 - opt.margin)));
+  throw ConfigError("memory.budget = " + bytes_text(opt.budget) + ": no configuration fits with the " +
+                    fmt(100 * opt.margin, "%.0f") + "% margin (" +
+                    (smallest > 0 ? "the smallest measured peak is " + bytes_text(smallest)
+                                  : std::string("every probe, micro-batch 1 included, ran out of memory")) +
+                    "); give --memory-budget at least " + std::to_string(at_least) +
+                    " bytes, or use a smaller model or sequence");
+}
+
+/// The choice: the highest predicted samples/s among the candidates that fit.
+void choose(Plan& plan, const PlanOptions& opt) {
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const auto& r = plan.rows[i];
     if (r.fits && (plan.chosen < 0 || r.predicted_sps > plan.rows[static_cast<size_t>(plan.chosen)].predicted_sps))
       plan.chosen = static_cast<int>(i);
   }
-  if (plan.chosen < 0) {
-    int64_t smallest = -1;
-    for (const auto& r : plan.rows)
-      if (r.probed && (smallest < 0 || r.measured_peak < smallest)) smallest = r.measured_peak;
-    // Every probe out of memory: the smallest candidate needs more than the whole budget.
-    const int64_t need = smallest > 0 ? smallest : opt.budget + 1;
-    const auto at_least = static_cast<int64_t>(std::ceil(static_cast<double>(need) / (1.0 - opt.margin)));
-    throw ConfigError("memory.budget = " + bytes_text(opt.budget) + ": no configuration fits with the " +
-                      fmt(100 * opt.margin, "%.0f") + "% margin (" +
-                      (smallest > 0 ? "the smallest measured peak is " + bytes_text(smallest)
-                                    : std::string("every probe, micro-batch 1 included, ran out of memory")) +
-                      "); give --memory-budget at least " + std::to_string(at_least) +
-                      " bytes, or use a smaller model or sequence");
-  }
+  if (plan.chosen < 0) throw_no_fit(plan, opt);
+}
+
+}  // namespace
+
+Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, const PlanOptions& opt) {
+  const int64_t per_rank = checked_per_rank_batch(cfg.train, world_size, opt);
+  const torch::Device device = ctx.on_cuda() ? torch::Device(torch::kCUDA, ctx.device_index) : torch::Device(torch::kCPU);
+  MemoryMeter meter(ctx.device_index);
+  Plan plan = empty_plan(opt, world_size, cfg.train.global_batch, meter);
+  const std::vector<std::string> precisions = candidate_precisions(opt, device);
+  std::vector<int64_t> micros = candidate_micro_batches(per_rank);
+
+  auto data = data::make_datasets(cfg.data, cfg.model);
+  const int64_t param_bytes = parameter_bytes(cfg);
+  const int64_t comm_bytes = world_size > 1 ? param_bytes : 0;  // the gradient buckets' flat buffers
+  plan.fixed_minimum = checked_fixed_minimum(cfg.train, meter, param_bytes, comm_bytes, opt.budget);
+
+  Planner planner{cfg, ctx, opt, world_size, device, per_rank, std::move(micros), data.train, comm_bytes,
+                  probe_delay_from_env(), plan};
+  // The probes hold no gradient buckets: under mpirun their buffers come off the budget.
+  BudgetScope scope(meter, opt.budget - comm_bytes);
+  for (const auto& precision : precisions)
+    for (const auto& policy : opt.policies) plan_pair(planner, precision, policy);
+  choose(plan, opt);
   return plan;
 }
 
