@@ -4,10 +4,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "leantrain/comm/communicator.h"
 #include "leantrain/runtime/errors.h"
+#include "leantrain/runtime/files.h"
 #include "leantrain/runtime/runtime_context.h"
 #include "leantrain/trainers/planner.h"
 #include "leantrain/trainers/step_policies.h"
@@ -220,6 +225,46 @@ TEST(TrainerStep, PlannerProbeAllocatesTheSamePeakAsTheTrainingStep) {
     if (s > 0) peak = std::max(peak, r.peak_bytes);  // after the warm-up, as the probe measures
   }
   EXPECT_EQ(peak, row->measured_peak) << "micro-batch " << row->micro_batch;
+}
+
+// The background checkpoint writer reports its events from its own thread while the training
+// thread logs steps (the race this once had is what the ThreadSanitizer build of this test,
+// test_trainer_tsan, watches).
+TEST(TrainerRun, BackgroundCheckpointsReportWhileStepsAreLogged) {
+  const auto ctx = cpu_context();
+  const std::string dir = files::join(::testing::TempDir(), "lt_trainer_run." + std::to_string(::getpid()));
+  files::remove_tree(dir);
+  Config cfg = tiny_gpt(8);
+  cfg.train.steps = 6;
+  cfg.checkpoint.every_steps = 1;
+  cfg.checkpoint.keep_last = 2;
+  ASSERT_TRUE(cfg.checkpoint.async);
+  comm::LocalCommunicator comm;
+  TrainerOptions opt;
+  opt.out_dir = dir;
+  {
+    Trainer trainer(cfg, make_components(cfg), ctx, comm, opt);
+    const auto s = trainer.run();
+    EXPECT_EQ(s.steps, 6);
+    EXPECT_FALSE(s.preempted);
+  }
+  std::ifstream in(files::join(dir, "metrics.jsonl"));
+  int steps = 0;
+  std::vector<std::string> written;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);  // every line whole
+    if (j["event"] == "step") ++steps;
+    if (j["event"] == "checkpoint") {
+      written.push_back(files::stem(j["path"].get<std::string>()));
+      EXPECT_GE(j["stall_s"].get<double>(), 0.0) << line;
+      EXPECT_GT(j["bytes"].get<int64_t>(), 0) << line;
+    }
+  }
+  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(written, (std::vector<std::string>{"step-00000001", "step-00000002", "step-00000003", "step-00000004",
+                                               "step-00000005", "step-00000006"}));
+  EXPECT_EQ(files::list_dir(files::join(dir, "checkpoints")).size(), 3u);  // keep_last 2 + the pointer
+  files::remove_tree(dir);
 }
 
 }  // namespace

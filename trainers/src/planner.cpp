@@ -136,7 +136,7 @@ Probe run_probe(const Config& cfg, const RuntimeContext& ctx, const std::shared_
   opt.oom_backoff = false;
   opt.hold_gradients = world_size > 1;
   Trainer trainer(probe_config(cfg, precision, policy, micro, accumulation, steps + 1),
-                  Components{model, train, nullptr}, ctx, local, opt);
+                  Components{model, train, nullptr, "probe"}, ctx, local, opt);
   Probe p;
   trainer.train_step(0);  // warm-up
   for (int64_t i = 1; i <= steps; ++i) {
