@@ -477,6 +477,14 @@ std::optional<EvalResult> Trainer::evaluate(int64_t epoch) {
   const int64_t lo = n * rank_ / world_, hi = n * (rank_ + 1) / world_;
   const auto t0 = Clock::now();
   auto& model = *parts_.model;
+  if (world_ > 1) {
+    // Every share is evaluated with rank 0's buffers (BatchNorm's running statistics, which
+    // each rank updates from its own micro-batches): the result is that of the model rank 0
+    // checkpoints, as DDP's broadcast_buffers makes it. Training reads no running statistics,
+    // so the steps after are unchanged.
+    comm_.set_timeout(cfg_.comm.startup_timeout_s);  // shares may take unequal times (Note [Deadlines])
+    for (auto& b : model.buffers()) comm_.broadcast(b, 0);
+  }
   model.eval();
   torch::Tensor acc;
   for (;;) {
@@ -495,10 +503,7 @@ std::optional<EvalResult> Trainer::evaluate(int64_t epoch) {
     }
   }
   model.train();
-  if (world_ > 1) {
-    comm_.set_timeout(cfg_.comm.startup_timeout_s);  // shares may take unequal times (Note [Deadlines])
-    comm_.allreduce_sum(acc);
-  }
+  if (world_ > 1) comm_.allreduce_sum(acc);
   const auto totals = acc.cpu();
   const double loss_sum = totals[0].item<double>(), count = totals[1].item<double>(),
                correct = totals[2].item<double>();
