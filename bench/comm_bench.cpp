@@ -33,6 +33,9 @@
 #include "leantrain/comm/grad_sync.h"
 #include "leantrain/comm/mpi_communicator.h"
 #include "leantrain/models/model.h"
+#include "leantrain/runtime/memory_meter.h"
+#include "leantrain/runtime/runtime_context.h"
+#include "leantrain/trainers/trainer.h"
 
 namespace {
 
@@ -219,68 +222,73 @@ void bandwidth(const Options& o, lt::comm::Communicator& comm) {
 }
 
 struct StepTimes {
-  double step_s = 0, backward_s = 0, exposed_s = 0, comm_s = 0;
+  double step_s = 0, compute_s = 0, exposed_s = 0, comm_s = 0;
   int64_t in_backward = 0, steps = 0;
-  void add(double step, double bwd, const lt::comm::GradientSync* sync) {
-    step_s += step;
-    backward_s += bwd;
+  void add(const lt::trainers::StepResult& r) {
+    step_s += r.step_time_s - r.data_time_s;
+    compute_s += r.compute_s;
+    exposed_s += r.comm_exposed_s;
+    comm_s += r.comm_time_s;
+    in_backward += r.buckets_in_backward;
     ++steps;
-    if (!sync) return;
-    exposed_s += sync->last_times().exposed_s;
-    comm_s += sync->last_times().comm_s;
-    in_backward += sync->last_times().started_in_backward;
   }
   double mean(double x) const { return steps > 0 ? x / static_cast<double>(steps) : 0.0; }
 };
 
-// One training step of this rank: forward, backward (buckets started inside it when `sync`
-// overlaps), gradient sync, SGD update. Without `sync`: no communication at all.
-void train_step(lt::models::Model& model, torch::optim::SGD& opt, lt::comm::GradientSync* sync,
-                lt::comm::Communicator& comm, const torch::Tensor& x, const torch::Tensor& y, StepTimes* acc) {
-  opt.zero_grad(/*set_to_none=*/true);
-  const auto t0 = Clock::now();
-  auto loss = model.forward_loss(x, y);
-  const auto tb = Clock::now();
-  if (sync) sync->begin_last_backward(comm);
-  loss.backward();
-  const double bwd = since(tb);
-  if (sync) sync->finish(comm);
-  opt.step();
-  if (acc) acc->add(since(t0), bwd, sync);
-}
-
-// (b) and (c): rounds of (rank 0 alone, all ranks with overlap off, all ranks with overlap
-// on), so that load from elsewhere on the machine hits the three alike.
+// (b) and (c): the trainer's own step (Trainer::train_step: forward, backward with the buckets
+// started inside it when overlapping, gradient sync, SGD update) in three Trainers over three
+// copies of one model: rank 0 alone (a local communicator, no communication), all ranks with
+// comm.overlap off, all ranks with it on. Rounds of the three, so that load from elsewhere on
+// the machine hits them alike.
 void training(const Options& o, lt::comm::Communicator& comm) {
   const int rank = comm.rank(), n = comm.size();
-  torch::manual_seed(0);
-  auto model = lt::models::build_model(gpt(o.train_layers, o.d_model, o.train_vocab, o.seq));
-  model->train();
-  auto params = model->parameters();
-  torch::optim::SGD opt(params, torch::optim::SGDOptions(1e-4));
-  torch::manual_seed(100 + rank);
-  auto x = torch::randint(0, o.train_vocab, {o.micro, o.seq});
-  auto y = torch::randint(0, o.train_vocab, {o.micro, o.seq});
-  int64_t numel = 0;
-  for (auto& p : params) numel += p.numel();
-  lt::comm::GradientSync off(params, o.first_mb, o.bucket_mb, /*overlap=*/false);
-  lt::comm::GradientSync on(params, o.first_mb, o.bucket_mb, /*overlap=*/true);
-  off.allocate_buffers();
-  on.allocate_buffers();
+  lt::Config cfg;
+  cfg.model = gpt(o.train_layers, o.d_model, o.train_vocab, o.seq);
+  cfg.data.kind = "synthetic";
+  cfg.data.seed = 0;
+  cfg.data.synthetic_samples = std::max<int64_t>(256, o.micro * n * (o.steps + 1));
+  cfg.train.micro_batch = o.micro;
+  cfg.train.global_batch = o.micro * n;
+  cfg.train.steps = o.steps + 1;
+  cfg.train.optimizer = "sgd";
+  cfg.train.momentum = 0;
+  cfg.train.lr = 1e-4;
+  cfg.train.grad_clip = 0;
+  cfg.comm.first_bucket_mb = o.first_mb;
+  cfg.comm.bucket_mb = o.bucket_mb;
+  lt::RuntimeContext ctx;
+  ctx.threads = 1;
+  lt::MemoryMeter::install_cpu_tracking();
+  auto make = [&](lt::Config c, lt::comm::Communicator& with) {
+    auto parts = lt::trainers::make_components(c);
+    parts.eval = nullptr;
+    return std::make_unique<lt::trainers::Trainer>(c, parts, ctx, with);
+  };
+  lt::comm::LocalCommunicator local;
+  lt::Config solo_cfg = cfg, off_cfg = cfg;
+  solo_cfg.train.global_batch = o.micro;
+  off_cfg.comm.overlap = false;
+  auto alone = make(solo_cfg, local);
+  auto off = make(off_cfg, comm);
+  auto on = make(cfg, comm);
 
   StepTimes solo, t_off, t_on;
   bool same = true;
   for (int64_t r = 0; r < 1 + o.steps; ++r) {  // round 0 warms up
     const bool timed = r >= 1;
-    if (rank == 0) train_step(*model, opt, nullptr, comm, x, y, timed ? &solo : nullptr);
+    if (rank == 0) {
+      const auto s = alone->train_step(r);
+      if (timed) solo.add(s);
+    }
     sleeping_barrier();  // the other ranks sleep while rank 0 trains alone
     MPI_Barrier(MPI_COMM_WORLD);
-    train_step(*model, opt, &off, comm, x, y, timed ? &t_off : nullptr);
+    const auto s_off = off->train_step(r);
     MPI_Barrier(MPI_COMM_WORLD);
-    train_step(*model, opt, &on, comm, x, y, timed ? &t_on : nullptr);
-    // Every rank must hold the same summed gradients: compare checksums.
+    const auto s_on = on->train_step(r);
+    if (timed) t_off.add(s_off), t_on.add(s_on);
+    // Every rank must hold the same weights after the same summed gradients: compare checksums.
     double check = 0;
-    for (auto& p : params) check += p.grad().to(torch::kDouble).abs().sum().item<double>();
+    for (auto& p : on->model().parameters()) check += p.detach().to(torch::kDouble).abs().sum().item<double>();
     double lo = 0, hi = 0;
     MPI_Allreduce(&check, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(&check, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -288,32 +296,33 @@ void training(const Options& o, lt::comm::Communicator& comm) {
   }
 
   const double exp_off = mean_over_ranks(t_off.mean(t_off.exposed_s)), exp_on = mean_over_ranks(t_on.mean(t_on.exposed_s));
-  const double bwd_off = mean_over_ranks(t_off.mean(t_off.backward_s)), bwd_on = mean_over_ranks(t_on.mean(t_on.backward_s));
+  const double cmp_off = mean_over_ranks(t_off.mean(t_off.compute_s)), cmp_on = mean_over_ranks(t_on.mean(t_on.compute_s));
   const double step_off = mean_over_ranks(t_off.mean(t_off.step_s)), step_on = mean_over_ranks(t_on.mean(t_on.step_s));
   const double span_on = mean_over_ranks(t_on.mean(t_on.comm_s));
   if (rank != 0) return;
+  int64_t numel = 0;
+  for (const auto& p : on->model().parameters()) numel += p.numel();
   const double solo_step = solo.mean(solo.step_s);
   const double micro = static_cast<double>(o.micro);
-  std::printf("\n(b)+(c) training steps: GPT d_model %lld, %lld layers, vocab %lld, seq %lld, micro-batch %lld "
-              "(%.1f MiB of gradients, %zu buckets); %lld timed rounds after 1 warm-up; 1 thread per rank\n",
+  const int64_t buckets = static_cast<int64_t>(std::llround(t_on.mean(static_cast<double>(t_on.in_backward))));
+  std::printf("\n(b)+(c) training steps (Trainer::train_step, SGD): GPT d_model %lld, %lld layers, vocab %lld, seq "
+              "%lld, micro-batch %lld (%.1f MiB of gradients); %lld timed rounds after 1 warm-up; 1 thread per rank\n",
               static_cast<long long>(o.d_model), static_cast<long long>(o.train_layers),
               static_cast<long long>(o.train_vocab), static_cast<long long>(o.seq),
-              static_cast<long long>(o.micro), numel * 4 / 1048576.0, on.num_buckets(),
-              static_cast<long long>(o.steps));
-  std::printf("    %-24s %10s %12s %16s %15s\n", "", "step (s)", "backward (s)", "exposed comm (s)", "samples/s/rank");
-  std::printf("    %-24s %10.3f %12.3f %16s %15.2f\n", "1 rank alone", solo_step, solo.mean(solo.backward_s), "-",
+              static_cast<long long>(o.micro), numel * 4 / 1048576.0, static_cast<long long>(o.steps));
+  std::printf("    %-24s %10s %14s %16s %15s\n", "", "step (s)", "fwd+bwd (s)", "exposed comm (s)", "samples/s/rank");
+  std::printf("    %-24s %10.3f %14.3f %16s %15.2f\n", "1 rank alone", solo_step, solo.mean(solo.compute_s), "-",
               micro / solo_step);
-  std::printf("    %-24s %10.3f %12.3f %16.4f %15.2f\n", (std::to_string(n) + " ranks, overlap off").c_str(), step_off,
-              bwd_off, exp_off, micro / step_off);
-  std::printf("    %-24s %10.3f %12.3f %16.4f %15.2f\n", (std::to_string(n) + " ranks, overlap on").c_str(), step_on,
-              bwd_on, exp_on, micro / step_on);
+  std::printf("    %-24s %10.3f %14.3f %16.4f %15.2f\n", (std::to_string(n) + " ranks, overlap off").c_str(), step_off,
+              cmp_off, exp_off, micro / step_off);
+  std::printf("    %-24s %10.3f %14.3f %16.4f %15.2f\n", (std::to_string(n) + " ranks, overlap on").c_str(), step_on,
+              cmp_on, exp_on, micro / step_on);
   std::printf("    (b) communication not hidden behind backward: %.1f%% (exposed %.4f s with overlap / %.4f s "
-              "without); %.0f of %zu buckets started inside backward; overlapped span %.4f s\n",
-              100.0 * exp_on / exp_off, exp_on, exp_off, t_on.mean(static_cast<double>(t_on.in_backward)),
-              on.num_buckets(), span_on);
+              "without); %lld buckets started inside backward per step; overlapped span %.4f s\n",
+              100.0 * exp_on / exp_off, exp_on, exp_off, static_cast<long long>(buckets), span_on);
   std::printf("    (c) weak-scaling efficiency 1 -> %d ranks: %.1f%% with overlap (target >= 90%%), %.1f%% without\n",
               n, 100.0 * solo_step / step_on, 100.0 * solo_step / step_off);
-  std::printf("    summed gradients identical on every rank, every round: %s\n", same ? "yes" : "NO");
+  std::printf("    weights identical on every rank after every round: %s\n", same ? "yes" : "NO");
 }
 
 }  // namespace

@@ -403,6 +403,7 @@ StepResult Trainer::train_step(int64_t step) {
       else grad_sync_->all_reduce(comm_);  // out of memory before the last backward began
       r.comm_time_s = grad_sync_->last_times().comm_s;
       r.comm_exposed_s = grad_sync_->last_times().exposed_s;
+      r.buckets_in_backward = mb.last_backward_begun ? grad_sync_->last_times().started_in_backward : 0;
     }
     r.grad_allreduce_calls = comm_.stats().allreduce_calls - calls_at_start - r.calls_in_microbatches;
     // The step's loss, the preemption flag and the out-of-memory flag travel together, before

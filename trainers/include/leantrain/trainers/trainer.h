@@ -87,6 +87,7 @@ struct StepResult {
   double update_s = 0;    // gradient sync wait, unscale, clip and the optimizer step
   double comm_time_s = 0, comm_exposed_s = 0;
   int64_t calls_in_microbatches = 0, grad_allreduce_calls = 0;
+  int64_t buckets_in_backward = 0;  // gradient buckets whose all-reduce started inside the last backward
   int64_t peak_bytes = 0, base_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, other_bytes = 0;
   int64_t activation_bytes() const { return std::max<int64_t>(0, peak_bytes - base_bytes - grad_bytes); }
 };
