@@ -10,8 +10,6 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/torch.h>
 
-#include "leantrain/models/attention.h"
-#include "leantrain/models/resnet.h"
 #include "leantrain/runtime/errors.h"
 
 namespace lt::models {
@@ -404,13 +402,6 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   }
 };
 
-// The attention core's checkpoint, installed on every SelfAttention by the selective policy.
-torch::Tensor checkpointed_core(const AttentionCore& core, const torch::Tensor& q, const torch::Tensor& k,
-                                const torch::Tensor& v) {
-  return checkpoint([core](const std::vector<torch::Tensor>& in) { return core(in[0], in[1], in[2]); },
-                    {q, k, v}, {});
-}
-
 torch::Tensor apply_checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                                const std::vector<torch::Tensor>& params,
                                const std::vector<torch::nn::Module*>& buffers_of, std::optional<PackedTensor> pack,
@@ -516,8 +507,8 @@ torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& 
   return total / count;
 }
 
-CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
-  CheckpointPolicy p;
+RecomputePolicy RecomputePolicy::parse(const std::string& text) {
+  RecomputePolicy p;
   if (text == "none") return p;
   if (text == "full") {
     p.kind = Kind::kFull;
@@ -528,24 +519,24 @@ CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
     p.kind = Kind::kEvery;
     p.every = std::stoll(text.substr(6));
   } else {
-    throw ConfigError("memory.activation_checkpoint = '" + text +
+    throw ConfigError("memory.recompute (or memory.activation_checkpoint) = '" + text +
                       "': allowed: none | full | every:K | selective (auto is resolved by the planner: "
                       "train --auto --memory-budget SIZE, or the --set lines of leantrain plan)");
   }
   return p;
 }
 
-bool CheckpointPolicy::checkpoints_block(size_t index) const {
+bool RecomputePolicy::checkpoints_block(size_t index) const {
   switch (kind) {
     case Kind::kNone: return false;
     case Kind::kFull: return true;
     case Kind::kEvery: return index % static_cast<size_t>(every) == 0;
-    case Kind::kSelective: return index % 2 == 0;  // conv/MLP fallback, see the header
+    case Kind::kSelective: return false;  // only the regions marked cheap
   }
   return false;
 }
 
-std::string CheckpointPolicy::to_string() const {
+std::string RecomputePolicy::to_string() const {
   switch (kind) {
     case Kind::kNone: return "none";
     case Kind::kFull: return "full";
@@ -555,81 +546,28 @@ std::string CheckpointPolicy::to_string() const {
   return "none";
 }
 
-namespace {
-
-// Note [ResNet checkpoint units]
-// Whole-block checkpoints leave ResNet-50 at 0.46x of its activations (micro-batch 8, fp32):
-// the 112x112 stem is not checkpointed (~70 MB), and while a block's rerun is differentiated
-// the checkpoint's backward holds the gradient of the block output and the rerun's output
-// (for a 56x56x256 block, 2 x 25.7 MB) on top of the rerun's own activations. So:
-//  - the stem (conv, BN, ReLU, max-pool) is a unit of its own: only the image is kept;
-//  - a block is split into two units, the residual branch (convs and BNs up to the sum) and
-//    the downsample shortcut, with the sum and the final ReLU outside them. Under `full`
-//    the ReLU keeps one bit per element (mask_relu), and both units keep the block input
-//    packed, as its nonzero values and those bits (Note [Packed block inputs], Note [Shared
-//    ReLU bits]), which each unit's first convolution rebuilds in the rerun (Note [Packed
-//    input kept through the rerun]); under `selective` the ReLU's saved output is the block
-//    input they keep; the ReLU's backward runs before the rerun and frees the block's output
-//    gradient; and the sum and ReLU are not recomputed. The same ops run in the same order as the plain
-//    block, so fp32 gradients stay bitwise equal.
-//  - a rerun's output is let go before its graph is differentiated (Note [Rerun gradients]):
-//    neither a BatchNorm nor the sum saves it.
-// Coarser units (segments of several blocks, as torch.utils.checkpoint_sequential) were
-// measured and are worse here: each saves one input less but its rerun holds several blocks'
-// activations while the inputs of all earlier units are still kept (docs/BENCH_PRECISION_MEMORY.md).
-// Nothing is recomputed twice: a unit's rerun runs the plain modules, never another checkpoint.
-// `full` splits every block; `selective` checkpoints the stem and the first stage, whose
-// 56x56 activations are half of the network's for about a fifth of its forward time.
-ResNetCheckpointUnits resnet_units(const ResNet& net, const CheckpointPolicy& policy) {
-  ResNetCheckpointUnits u;
-  size_t n = 0;
-  if (policy.kind == CheckpointPolicy::Kind::kFull) {
-    n = net.blocks().size();
-  } else if (policy.kind == CheckpointPolicy::Kind::kSelective) {
-    n = static_cast<size_t>(net.stage_blocks().front());
-  } else {
-    return u;
-  }
-  u.stem = true;
-  for (size_t i = 0; i < n; ++i) u.split.push_back(i);
-  // Packing costs a pass over each block input in forward and two in backward: `full`, which
-  // is there for the least memory, pays it; `selective`, which is there to stay fast, does not.
-  u.packed = policy.kind == CheckpointPolicy::Kind::kFull;
-  return u;
+torch::Tensor CheapRegion::run(const RecomputeFn& fn, const std::vector<torch::Tensor>& inputs,
+                               const std::vector<torch::Tensor>& params) const {
+  return *on_ ? checkpoint(fn, inputs, params) : fn(inputs);
 }
 
-}  // namespace
-
-void apply_checkpoint_policy(Model& model, const CheckpointPolicy& policy) {
-  if (auto* resnet = dynamic_cast<ResNet*>(&model)) {
-    // full and selective: Note [ResNet checkpoint units]; every:K keeps whole-block units.
-    auto units = resnet_units(*resnet, policy);
-    const bool own_units = units.stem;
-    resnet->set_checkpoint_units(std::move(units));
-    if (own_units) {
-      model.set_block_runner({});
-      return;
-    }
-  }
-  const bool whole_blocks = policy.kind == CheckpointPolicy::Kind::kFull || policy.kind == CheckpointPolicy::Kind::kEvery;
-  model.set_loss_chunk_tokens(whole_blocks ? -1 : 0);
-  bool has_attention = false;
-  for (auto& m : model.modules(/*include_self=*/false))
-    if (auto* att = dynamic_cast<SelfAttentionImpl*>(m.get())) {
-      has_attention = true;
-      att->set_core_runner(policy.kind == CheckpointPolicy::Kind::kSelective ? AttentionCoreRunner(checkpointed_core)
-                                                                              : AttentionCoreRunner());
-    }
-  if (policy.kind == CheckpointPolicy::Kind::kNone || (policy.kind == CheckpointPolicy::Kind::kSelective && has_attention)) {
-    model.set_block_runner({});
+void Model::apply_recompute(const RecomputePolicy& policy) {
+  using Kind = RecomputePolicy::Kind;
+  const bool whole_blocks = policy.kind == Kind::kFull || policy.kind == Kind::kEvery;
+  set_loss_chunk_tokens(whole_blocks ? -1 : 0);
+  for (auto& [name, region] : cheap_regions_) region.set_recompute(policy.kind == Kind::kSelective);
+  if (!whole_blocks) {
+    set_block_runner({});
     return;
   }
-  model.set_block_runner([policy](size_t i, BlockImpl& block, const torch::Tensor& x) {
+  set_block_runner([policy](size_t i, BlockImpl& block, const torch::Tensor& x) {
     if (!policy.checkpoints_block(i) || !block.is_training()) return block.forward(x);
     std::vector<torch::Tensor> params = block.parameters();
     return checkpoint([&block](const std::vector<torch::Tensor>& in) { return block.forward(in[0]); }, {x},
                       params, &block);
   });
 }
+
+void apply_checkpoint_policy(Model& model, const RecomputePolicy& policy) { model.apply_recompute(policy); }
 
 }  // namespace lt::models

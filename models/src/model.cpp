@@ -39,6 +39,14 @@ torch::Tensor Model::run_block(size_t i, const torch::Tensor& x) {
   return blocks_[i]->forward(x);
 }
 
+void Model::mark_cheap(const std::string& name, const CheapRegion& region) { cheap_regions_.emplace_back(name, region); }
+
+std::vector<std::string> Model::cheap_region_names() const {
+  std::vector<std::string> names;
+  for (const auto& r : cheap_regions_) names.push_back(r.first);
+  return names;
+}
+
 namespace {
 
 [[noreturn]] void fail(const std::string& key, const std::string& value, const std::string& why) {

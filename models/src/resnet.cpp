@@ -225,6 +225,64 @@ void ResNet::set_checkpoint_units(ResNetCheckpointUnits units) {
   units_ = std::move(units);
 }
 
+namespace {
+
+// Note [ResNet checkpoint units]
+// Whole-block checkpoints leave ResNet-50 at 0.46x of its activations (micro-batch 8, fp32):
+// the 112x112 stem is not checkpointed (~70 MB), and while a block's rerun is differentiated
+// the checkpoint's backward holds the gradient of the block output and the rerun's output
+// (for a 56x56x256 block, 2 x 25.7 MB) on top of the rerun's own activations. So:
+//  - the stem (conv, BN, ReLU, max-pool) is a unit of its own: only the image is kept;
+//  - a block is split into two units, the residual branch (convs and BNs up to the sum) and
+//    the downsample shortcut, with the sum and the final ReLU outside them. Under `full`
+//    the ReLU keeps one bit per element (mask_relu), and both units keep the block input
+//    packed, as its nonzero values and those bits (Note [Packed block inputs], Note [Shared
+//    ReLU bits]), which each unit's first convolution rebuilds in the rerun (Note [Packed
+//    input kept through the rerun]); under `selective` the ReLU's saved output is the block
+//    input they keep; the ReLU's backward runs before the rerun and frees the block's output
+//    gradient; and the sum and ReLU are not recomputed. The same ops run in the same order as the plain
+//    block, so fp32 gradients stay bitwise equal.
+//  - a rerun's output is let go before its graph is differentiated (Note [Rerun gradients]):
+//    neither a BatchNorm nor the sum saves it.
+// Coarser units (segments of several blocks, as torch.utils.checkpoint_sequential) were
+// measured and are worse here: each saves one input less but its rerun holds several blocks'
+// activations while the inputs of all earlier units are still kept (docs/BENCH_PRECISION_MEMORY.md).
+// Nothing is recomputed twice: a unit's rerun runs the plain modules, never another checkpoint.
+// `full` splits every block; `selective` checkpoints the stem and the first stage, whose
+// 56x56 activations are half of the network's for about a fifth of its forward time.
+ResNetCheckpointUnits resnet_units(const ResNet& net, const RecomputePolicy& policy) {
+  ResNetCheckpointUnits u;
+  size_t n = 0;
+  if (policy.kind == RecomputePolicy::Kind::kFull) {
+    n = net.blocks().size();
+  } else if (policy.kind == RecomputePolicy::Kind::kSelective) {
+    n = static_cast<size_t>(net.stage_blocks().front());
+  } else {
+    return u;
+  }
+  u.stem = true;
+  for (size_t i = 0; i < n; ++i) u.split.push_back(i);
+  // Packing costs a pass over each block input in forward and two in backward: `full`, which
+  // is there for the least memory, pays it; `selective`, which is there to stay fast, does not.
+  u.packed = policy.kind == RecomputePolicy::Kind::kFull;
+  return u;
+}
+
+}  // namespace
+
+void ResNet::apply_recompute(const RecomputePolicy& policy) {
+  // full and selective: Note [ResNet checkpoint units]; none and every:K: the default (whole
+  // blocks through the block runner).
+  auto units = resnet_units(*this, policy);
+  const bool own_units = units.stem;
+  set_checkpoint_units(std::move(units));
+  if (own_units) {
+    set_block_runner({});
+    return;
+  }
+  Model::apply_recompute(policy);
+}
+
 torch::Tensor ResNet::forward(const torch::Tensor& input) {
   TORCH_CHECK(input.dim() == 4, "ResNet: expected images [B,C,H,W], got ", input.sizes());
   // checkpoint() itself runs plainly without grad mode; outside training the units are off

@@ -28,10 +28,8 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
     return y.view({b, t, n_head_, hd}).transpose(1, 2);  // [B,H,T,hd]
   };
   auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  auto y = core_runner_ ? core_runner_([this](const torch::Tensor& a, const torch::Tensor& b_,
-                                              const torch::Tensor& c) { return core(a, b_, c); },
-                                       q, k, v)
-                        : core(q, k, v);
+  auto y = core_region_.run([this](const std::vector<torch::Tensor>& in) { return core(in[0], in[1], in[2]); },
+                            {q, k, v});
   y = y.transpose(1, 2).reshape({b, t, d_model_});
   return proj(y);
 }
@@ -115,8 +113,9 @@ GPT::GPT(const lt::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dropo
   wte = register_module("wte", torch::nn::Embedding(cfg.vocab_size, cfg.d_model));
   wpe = register_module("wpe", torch::nn::Embedding(cfg.seq_len, cfg.d_model));
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    add_block("blocks", std::make_shared<GPTBlockImpl>(cfg.d_model, cfg.n_head, ff_width(cfg),
-                                                       cfg.dropout));
+    auto b = add_block("blocks", std::make_shared<GPTBlockImpl>(cfg.d_model, cfg.n_head, ff_width(cfg),
+                                                                cfg.dropout));
+    mark_cheap("blocks." + std::to_string(i) + ".attn.core", b->attn->core_region());
   }
   ln_f = register_module("ln_f", layer_norm(cfg.d_model, 1e-5));
   init_transformer_weights(*this);
@@ -178,8 +177,9 @@ Bert::Bert(const lt::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dro
   type_emb = register_module("type_emb", torch::nn::Embedding(cfg.type_vocab_size, cfg.d_model));
   emb_ln = register_module("emb_ln", layer_norm(cfg.d_model, 1e-12));
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    add_block("blocks", std::make_shared<BertBlockImpl>(cfg.d_model, cfg.n_head, ff_width(cfg),
-                                                        cfg.dropout));
+    auto b = add_block("blocks", std::make_shared<BertBlockImpl>(cfg.d_model, cfg.n_head, ff_width(cfg),
+                                                                 cfg.dropout));
+    mark_cheap("blocks." + std::to_string(i) + ".attn.core", b->attn->core_region());
   }
   mlm = register_module("mlm", std::make_shared<MLMHeadImpl>(cfg.d_model, cfg.vocab_size));
   init_transformer_weights(*this);

@@ -23,6 +23,9 @@ using FieldRef = std::variant<int64_t*, uint64_t*, double*, std::string*, bool*,
 struct Field {
   std::string section, key;
   FieldRef ref;
+  // Another spelling of a field listed before it under its own key: read, never written
+  // (config_to_json writes the field once, under that key).
+  bool alias = false;
 };
 
 std::vector<Field> fields_of(Config& c) {
@@ -65,6 +68,7 @@ std::vector<Field> fields_of(Config& c) {
       {"precision", "backoff_factor", &p.backoff_factor},
       {"precision", "growth_interval", &p.growth_interval},
       {"memory", "activation_checkpoint", &mem.activation_checkpoint},
+      {"memory", "recompute", &mem.activation_checkpoint, /*alias=*/true},  // the preferred spelling
       {"memory", "budget", &mem.budget},
       {"checkpoint", "dir", &ck.dir}, {"checkpoint", "every_steps", &ck.every_steps},
       {"checkpoint", "keep_last", &ck.keep_last}, {"checkpoint", "async", &ck.async},
@@ -163,8 +167,34 @@ const Field* find_field(const std::vector<Field>& fs, const std::string& section
   return nullptr;
 }
 
+nlohmann::json to_json(const Field& f);
+
+// Within one source (the file, or the --set list), the spellings of one field must agree:
+// memory.recompute = "full" beside memory.activation_checkpoint = "none" is refused, naming
+// both. A later source overrides an earlier one whatever the spelling.
+class Spellings {
+ public:
+  explicit Spellings(std::string where) : where_(std::move(where)) {}
+  // Called after f was assigned.
+  void assigned(const Field& f) {
+    const auto target = std::visit([](auto* p) { return static_cast<const void*>(p); }, f.ref);
+    const std::string name = f.section + "." + f.key;
+    auto value = to_json(f);
+    auto it = seen_.find(target);
+    if (it != seen_.end() && it->second.first != name && it->second.second != value)
+      throw ConfigError(where_ + it->second.first + " = " + it->second.second.dump() + " and " + name + " = " +
+                        value.dump() + " are two spellings of one setting with different values; give one");
+    seen_[target] = {name, std::move(value)};
+  }
+
+ private:
+  std::string where_;
+  std::map<const void*, std::pair<std::string, nlohmann::json>> seen_;
+};
+
 void apply_table(const toml::table& root, std::vector<Field>& fs, const std::string& src) {
   const std::string where = src + ": ";
+  Spellings spellings(where);
   for (const auto& [sec_key, sec_node] : root) {
     const std::string section(sec_key.str());
     if (known_keys(fs, section).empty())
@@ -178,11 +208,12 @@ void apply_table(const toml::table& root, std::vector<Field>& fs, const std::str
         throw ConfigError(where + "unknown key " + section + "." + std::string(key.str()) +
                           "; allowed in [" + section + "]: " + known_keys(fs, section));
       assign(*f, node, where);
+      spellings.assigned(*f);
     }
   }
 }
 
-void apply_override(const std::string& kv, std::vector<Field>& fs) {
+void apply_override(const std::string& kv, std::vector<Field>& fs, Spellings& spellings) {
   const auto eq = kv.find('=');
   const auto dot = kv.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq)
@@ -206,6 +237,7 @@ void apply_override(const std::string& kv, std::vector<Field>& fs) {
     t = toml::table{{"v", value}};
   }
   assign(*f, *t.get("v"), "--set ");
+  spellings.assigned(*f);
 }
 
 nlohmann::json to_json(const Field& f) {
@@ -251,7 +283,8 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
                       ": TOML syntax error: " + std::string(e.description()));
   }
   apply_table(root, fs, source_name);
-  for (const auto& kv : overrides) apply_override(kv, fs);
+  Spellings spellings("--set: ");
+  for (const auto& kv : overrides) apply_override(kv, fs, spellings);
   return cfg;
 }
 
@@ -371,12 +404,13 @@ void validate(const Config& c, int world_size) {
 
   const auto& mem = c.memory;
   const std::string& ac = mem.activation_checkpoint;
+  const std::string ac_key = "memory.recompute (or memory.activation_checkpoint)";
   if (ac.rfind("every:", 0) == 0) {
     const std::string k = ac.substr(6);
     if (k.empty() || k.find_first_not_of("0123456789") != std::string::npos || std::stoll(k) <= 0)
-      bad("memory.activation_checkpoint", quote(ac), "every:K needs a positive integer K (e.g. every:2)");
+      bad(ac_key, quote(ac), "every:K needs a positive integer K (e.g. every:2)");
   } else {
-    one_of("memory.activation_checkpoint", ac, {"none", "full", "every:K", "selective", "auto"});
+    one_of(ac_key, ac, {"none", "full", "every:K", "selective", "auto"});
   }
   try {
     parse_bytes(mem.budget);
@@ -402,7 +436,8 @@ void validate(const Config& c, int world_size) {
 std::string config_to_json(const Config& cfg) {
   Config copy = cfg;
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& f : fields_of(copy)) j[f.section][f.key] = to_json(f);
+  for (const auto& f : fields_of(copy))
+    if (!f.alias) j[f.section][f.key] = to_json(f);
   return j.dump();
 }
 

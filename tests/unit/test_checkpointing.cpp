@@ -1,4 +1,4 @@
-// Activation checkpointing: gradients equal the plain ones bitwise in fp32 with dropout,
+// Activation recompute: gradients equal the plain ones bitwise in fp32 with dropout,
 // within bf16 tolerance under autocast, BatchNorm statistics move once, custom autograd
 // functions inside a block survive recomputation, and memory falls in the expected order.
 #include <gtest/gtest.h>
@@ -321,6 +321,106 @@ TEST(Checkpoint, BlockWithCustomAutogradFunctionIsRecomputedCorrectly) {
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], ck[i])) << i;
   // The custom backward (x2) is really used: zeroing its effect would change the input gradient.
   EXPECT_GT(plain[0].abs().sum().item<double>(), 0);
+}
+
+// A user's model for Model::apply_recompute's default: blocks that count their forwards, each
+// with a region (a dropout of tanh(h) * h) that counts its runs and that the model marks cheap
+// when `mark` is set.
+struct CountingBlockImpl : lt::models::BlockImpl {
+  torch::nn::Linear fc{nullptr};
+  lt::models::CheapRegion region;
+  int forwards = 0, region_runs = 0;
+  CountingBlockImpl() { fc = register_module("fc", torch::nn::Linear(6, 6)); }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    ++forwards;
+    auto h = region.run(
+        [this](const std::vector<torch::Tensor>& in) {
+          ++region_runs;
+          return lt::models::dropout(torch::tanh(in[0]) * in[0], 0.2, is_training());
+        },
+        {fc->forward(x)});
+    return h + x;
+  }
+};
+
+struct CountingModel : lt::models::Model {
+  explicit CountingModel(bool mark) {
+    for (int i = 0; i < 3; ++i) {
+      auto b = add_block("blocks", std::make_shared<CountingBlockImpl>());
+      if (mark) mark_cheap("blocks." + std::to_string(i) + ".region", b->region);
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    auto h = x;
+    for (size_t i = 0; i < blocks().size(); ++i) h = run_block(i, h);
+    return h;
+  }
+  lt::models::Task task() const override { return lt::models::Task::kClassify; }
+};
+
+// The default apply_recompute: full and every:K recompute registered blocks whole; selective
+// recomputes only the regions a model marks cheap, and nothing in a model that marks none.
+// Gradients are the plain ones bitwise under every policy.
+TEST(Recompute, DefaultRecomputesBlocksAndOnlyTheRegionsMarkedCheap) {
+  struct Counts {
+    int forwards = 0, region_runs = 0;
+    std::vector<torch::Tensor> grads;
+  };
+  auto run_policy = [](bool mark, const std::string& policy) {
+    torch::manual_seed(3);
+    auto m = std::make_shared<CountingModel>(mark);
+    m->train();
+    lt::models::apply_checkpoint_policy(*m, CheckpointPolicy::parse(policy));
+    auto x = torch::randn({5, 6}, torch::requires_grad());
+    torch::manual_seed(4);
+    m->forward(x).pow(2).sum().backward();
+    Counts c;
+    c.grads.push_back(x.grad().clone());
+    for (auto& p : m->parameters()) c.grads.push_back(p.grad().clone());
+    for (auto& b : m->blocks()) {
+      const auto& cb = static_cast<const CountingBlockImpl&>(*b);
+      c.forwards += cb.forwards;
+      c.region_runs += cb.region_runs;
+    }
+    return c;
+  };
+  for (bool mark : {false, true}) {
+    const auto plain = run_policy(mark, "none");
+    EXPECT_EQ(plain.forwards, 3);
+    EXPECT_EQ(plain.region_runs, 3);
+    // {policy, block forwards, region runs}: full reruns 3 blocks, every:2 blocks 0 and 2;
+    // selective reruns the 3 regions when they are marked, and nothing otherwise.
+    const std::vector<std::tuple<std::string, int, int>> expected = {
+        {"full", 6, 6}, {"every:2", 5, 5}, {"selective", 3, mark ? 6 : 3}};
+    for (const auto& [policy, forwards, region_runs] : expected) {
+      SCOPED_TRACE(policy + (mark ? " marked" : " unmarked"));
+      const auto r = run_policy(mark, policy);
+      EXPECT_EQ(r.forwards, forwards);
+      EXPECT_EQ(r.region_runs, region_runs);
+      ASSERT_EQ(r.grads.size(), plain.grads.size());
+      for (size_t i = 0; i < plain.grads.size(); ++i) EXPECT_TRUE(torch::equal(plain.grads[i], r.grads[i])) << i;
+    }
+  }
+  CountingModel marked(true);
+  EXPECT_EQ(marked.cheap_region_names(),
+            (std::vector<std::string>{"blocks.0.region", "blocks.1.region", "blocks.2.region"}));
+  // A later policy replaces an earlier one: selective, then none, recomputes nothing.
+  lt::models::apply_checkpoint_policy(marked, CheckpointPolicy::parse("selective"));
+  EXPECT_TRUE(static_cast<const CountingBlockImpl&>(*marked.blocks()[0]).region.recompute());
+  lt::models::apply_checkpoint_policy(marked, CheckpointPolicy::parse("none"));
+  EXPECT_FALSE(static_cast<const CountingBlockImpl&>(*marked.blocks()[0]).region.recompute());
+}
+
+// GPT and BERT mark their attention cores cheap (what selective recomputes); ResNet and MLP
+// mark nothing (ResNet's selective is its own units, MLP's recomputes nothing).
+TEST(Recompute, TransformersMarkTheirAttentionCores) {
+  for (const char* kind : {"gpt", "bert"}) {
+    SCOPED_TRACE(kind);
+    const auto names = lt::models::build_model(tiny(kind))->cheap_region_names();
+    ASSERT_EQ(names.size(), 4u);
+    for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(names[i], "blocks." + std::to_string(i) + ".attn.core");
+  }
+  for (const char* kind : {"resnet", "mlp"}) EXPECT_TRUE(lt::models::build_model(tiny(kind))->cheap_region_names().empty()) << kind;
 }
 
 // Passes the gradient through and calls `seen` in backward.

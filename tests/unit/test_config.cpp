@@ -198,6 +198,52 @@ TEST(ParseBytes, BudgetTakesAStringSizeOrAPlainByteCount) {
                   "memory.budget: expected a string");
 }
 
+// memory.recompute is the preferred spelling of memory.activation_checkpoint: either fills
+// the one field; both with different values in one source (the file, or the --set list) are
+// refused naming both keys; --set overrides the file whatever the spelling; config.json
+// writes the field once, as activation_checkpoint.
+TEST(ConfigParse, RecomputeIsAnAliasOfActivationCheckpoint) {
+  EXPECT_EQ(lt::parse_config("[memory]\nrecompute = \"selective\"\n", "t").memory.activation_checkpoint, "selective");
+  EXPECT_EQ(lt::parse_config("[memory]\nactivation_checkpoint = \"full\"\n", "t").memory.activation_checkpoint,
+            "full");
+  EXPECT_EQ(lt::parse_config("", "t", {"memory.recompute=every:2"}).memory.activation_checkpoint, "every:2");
+  // The same value under both spellings is no conflict.
+  EXPECT_EQ(lt::parse_config("[memory]\nrecompute = \"full\"\nactivation_checkpoint = \"full\"\n", "t")
+                .memory.activation_checkpoint,
+            "full");
+  // --set overrides the file, in either spelling.
+  EXPECT_EQ(lt::parse_config("[memory]\nrecompute = \"selective\"\n", "t", {"memory.activation_checkpoint=full"})
+                .memory.activation_checkpoint,
+            "full");
+  EXPECT_EQ(lt::parse_config("[memory]\nactivation_checkpoint = \"selective\"\n", "t", {"memory.recompute=none"})
+                .memory.activation_checkpoint,
+            "none");
+  auto j = lt::config_to_json(lt::parse_config("[memory]\nrecompute = \"selective\"\n", "t"));
+  EXPECT_CONTAINS(j, "\"activation_checkpoint\":\"selective\"");
+  EXPECT_EQ(j.find("\"recompute\""), std::string::npos) << j;
+  // Unknown-key messages list the new spelling.
+  EXPECT_CONTAINS(config_error([] { lt::parse_config("[memory]\nrecomp = \"full\"\n", "t"); }), "recompute");
+}
+
+TEST(ConfigParse, RecomputeAndActivationCheckpointWithDifferentValuesAreAConflict) {
+  auto msg = config_error(
+      [] { lt::parse_config("[memory]\nactivation_checkpoint = \"full\"\nrecompute = \"selective\"\n", "t.toml"); });
+  EXPECT_CONTAINS(msg, "memory.activation_checkpoint");
+  EXPECT_CONTAINS(msg, "memory.recompute");
+  EXPECT_CONTAINS(msg, "t.toml");
+  msg = config_error(
+      [] { lt::parse_config("", "t", {"memory.recompute=full", "memory.activation_checkpoint=none"}); });
+  EXPECT_CONTAINS(msg, "memory.activation_checkpoint");
+  EXPECT_CONTAINS(msg, "memory.recompute");
+  EXPECT_CONTAINS(msg, "--set");
+  // A bad value names the preferred key and its alias.
+  auto c = valid();
+  c.memory.activation_checkpoint = "sometimes";
+  msg = config_error([&] { lt::validate(c, 1); });
+  EXPECT_CONTAINS(msg, "memory.recompute");
+  EXPECT_CONTAINS(msg, "memory.activation_checkpoint");
+}
+
 TEST(ConfigJson, ContainsEverySection) {
   auto j = lt::config_to_json(valid());
   for (const char* s : {"\"model\"", "\"data\"", "\"train\"", "\"precision\"", "\"memory\"",

@@ -1,7 +1,8 @@
 #pragma once
-// Activation checkpointing for LibTorch C++, which has no torch.utils.checkpoint (pytorch
+// Activation recompute for LibTorch C++, which has no torch.utils.checkpoint (pytorch
 // issue #52744): a function runs without keeping its intermediate activations and is
-// recomputed in backward. See Note [Activation checkpoint recompute] in the .cpp.
+// recomputed in backward. See Note [Activation checkpoint recompute] in the .cpp. (The file
+// and checkpoint() keep the PyTorch name; elsewhere "checkpoint" means a state file.)
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -15,8 +16,6 @@
 #include "leantrain/models/packed_activation.h"
 
 namespace lt::models {
-
-using RecomputeFn = std::function<torch::Tensor(const std::vector<torch::Tensor>& inputs)>;
 
 /// Returns fn(inputs) with autograd history but without fn's saved activations; backward
 /// reruns fn with the RNG state (CPU and CUDA) and autocast state of this call, then
@@ -61,25 +60,30 @@ torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& 
                               const std::function<torch::Tensor(const torch::Tensor&)>& head,
                               int64_t chunk_tokens);
 
-/// A checkpoint policy parsed from memory.activation_checkpoint.
-struct CheckpointPolicy {
+/// A recompute policy parsed from memory.recompute (alias memory.activation_checkpoint).
+struct RecomputePolicy {
   enum class Kind { kNone, kFull, kEvery, kSelective } kind = Kind::kNone;
-  int64_t every = 1;  // kEvery: checkpoint blocks 0, K, 2K, ...
+  int64_t every = 1;  // kEvery: recompute blocks 0, K, 2K, ...
 
   /// "none" | "full" | "every:K" | "selective". Throws ConfigError naming
-  /// memory.activation_checkpoint otherwise ("auto" is resolved by the planner).
-  static CheckpointPolicy parse(const std::string& text);
+  /// memory.recompute otherwise ("auto" is resolved by the planner).
+  static RecomputePolicy parse(const std::string& text);
+  /// Whether the default Model::apply_recompute recomputes registered block `index` whole:
+  /// full: every block; every:K: index % K == 0; none and selective: none (selective
+  /// recomputes only the regions a model marks cheap).
   bool checkpoints_block(size_t index) const;
   std::string to_string() const;
 };
+/// The former name, kept for callers.
+using CheckpointPolicy = RecomputePolicy;
 
-/// Installs the policy on a model: full/every:K wrap whole blocks in checkpoint() and chunk
-/// language models' head + loss (chunked_lm_loss);
-/// selective recomputes only the cheap, large intermediates (attention scores, softmax and
-/// dropout for GPT/BERT — Megatron-LM's selective recompute; MLP checkpoints every other
-/// block). ResNet: full checkpoints the stem and every block's residual branch and shortcut
-/// as separate units, selective the stem and the first stage's blocks the same way, every:K
-/// whole blocks (Note [ResNet checkpoint units] in the .cpp).
-void apply_checkpoint_policy(Model& model, const CheckpointPolicy& policy);
+/// Installs the policy on a model: model.apply_recompute(policy) (model.h says what the
+/// default recomputes under each policy; GPT and BERT mark their attention cores cheap, so
+/// selective recomputes those — Megatron-LM's selective recompute; ResNet overrides it:
+/// full recomputes the stem and every block's residual branch and shortcut as separate
+/// units, selective the stem and the first stage's blocks the same way, every:K whole
+/// blocks, Note [ResNet checkpoint units] in resnet.cpp; MLP keeps the default, so
+/// selective recomputes nothing there).
+void apply_checkpoint_policy(Model& model, const RecomputePolicy& policy);
 
 }  // namespace lt::models

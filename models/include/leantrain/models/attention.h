@@ -16,24 +16,21 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 
-namespace lt::models {
+#include "leantrain/models/model.h"
 
-/// The attention core: q, k, v [B,H,T,hd] -> softmax(q k^T / sqrt(hd) [+ causal mask]) (with
-/// dropout) @ v, [B,H,T,hd]. It holds the [B,H,T,T] intermediates that dominate activation
-/// memory at long sequence lengths while costing little to recompute.
-using AttentionCore =
-    std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v)>;
-/// Runs the core; the selective checkpoint policy installs one that recomputes it in backward.
-using AttentionCoreRunner = std::function<torch::Tensor(const AttentionCore& core, const torch::Tensor& q,
-                                                        const torch::Tensor& k, const torch::Tensor& v)>;
+namespace lt::models {
 
 class SelfAttentionImpl : public torch::nn::Module {
  public:
   SelfAttentionImpl(int64_t d_model, int64_t n_head, double attn_dropout, bool causal);
   /// x [B,T,D] -> [B,T,D] (before any residual dropout).
   torch::Tensor forward(const torch::Tensor& x);
-  /// An empty runner calls the core directly.
-  void set_core_runner(AttentionCoreRunner runner) { core_runner_ = std::move(runner); }
+  /// The attention core, q, k, v [B,H,T,hd] -> softmax(q k^T / sqrt(hd) [+ causal mask])
+  /// (with dropout) @ v, [B,H,T,hd], runs through this region: it holds the [B,H,T,T]
+  /// intermediates that dominate activation memory at long sequence lengths while costing
+  /// little to recompute. A model marks it (Model::mark_cheap) to have `selective`
+  /// recompute it.
+  const CheapRegion& core_region() const { return core_region_; }
 
   torch::nn::Linear qkv{nullptr};
   torch::nn::Linear proj{nullptr};
@@ -41,7 +38,7 @@ class SelfAttentionImpl : public torch::nn::Module {
  private:
   torch::Tensor core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
 
-  AttentionCoreRunner core_runner_;
+  CheapRegion core_region_;
   int64_t d_model_;
   int64_t n_head_;
   double attn_dropout_;

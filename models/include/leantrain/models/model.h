@@ -1,8 +1,9 @@
 #pragma once
 // The model interface every trainer sees: a Model is a torch::nn::Module with a forward over a
-// batch, a task (which loss applies), and the list of its repeated blocks (the unit of
-// activation checkpointing). build_model() turns a ModelConfig into one of the concrete models
-// (gpt.h, bert.h, resnet.h, mlp.h).
+// batch, a task (which loss applies), the list of its repeated blocks (the unit of activation
+// recompute), the regions it marks cheap to recompute, and apply_recompute (what it recomputes
+// under each memory.recompute policy). build_model() turns a ModelConfig into one of the
+// concrete models (gpt.h, bert.h, resnet.h, mlp.h).
 //
 // Naming: every model keeps its repeated blocks in a torch::nn::ModuleList registered as
 // `blocks`, so block parameters are named `blocks.<i>.<...>` in named_parameters(), in forward
@@ -14,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -34,9 +36,38 @@ class BlockImpl : public torch::nn::Module {
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
 };
 
-/// Runs block i on x. The trainer installs one to checkpoint activations (a later issue).
+/// Runs block i on x. apply_recompute installs one that recomputes blocks in backward.
 using BlockRunner =
     std::function<torch::Tensor(size_t index, BlockImpl& block, const torch::Tensor& x)>;
+
+/// A function of tensors that can be recomputed in backward (see checkpoint() in
+/// activation_checkpoint.h for what it must obey: the same path twice, dropout through
+/// lt::models::dropout).
+using RecomputeFn = std::function<torch::Tensor(const std::vector<torch::Tensor>& inputs)>;
+
+/// memory.recompute parsed (activation_checkpoint.h).
+struct RecomputePolicy;
+
+/// A region of a forward that is cheap to recompute but keeps large activations for backward
+/// (the attention core: its [B,H,T,T] scores and probabilities for a few FLOPs). The module
+/// that computes it keeps one CheapRegion and runs the region through run(); the model marks
+/// it with Model::mark_cheap. Under the `selective` policy a marked region is recomputed in
+/// backward (run() is then checkpoint(fn, inputs, params), bitwise the same values and
+/// gradients); under every other policy, or while unmarked, run() is fn(inputs). Copies share
+/// one switch, so the copy the model keeps turns the module's on and off.
+class CheapRegion {
+ public:
+  /// fn(inputs), or, when recompute is on, the same recomputed in backward. `params`: the
+  /// parameters fn reads (their gradients flow only when passed; none for the attention core).
+  torch::Tensor run(const RecomputeFn& fn, const std::vector<torch::Tensor>& inputs,
+                    const std::vector<torch::Tensor>& params = {}) const;
+  /// Whether run() recomputes (set by apply_recompute on the model that marked it).
+  bool recompute() const { return *on_; }
+  void set_recompute(bool on) { *on_ = on; }
+
+ private:
+  std::shared_ptr<bool> on_ = std::make_shared<bool>(false);
+};
 
 class Model : public torch::nn::Module {
  public:
@@ -57,10 +88,27 @@ class Model : public torch::nn::Module {
   /// The fused head + loss (on by default; off: the paths above, e.g. to compare with them).
   void set_fused_loss(bool on) { fused_loss_ = on; }
 
-  /// The repeated blocks in forward order (the unit of activation checkpointing).
+  /// The repeated blocks in forward order (the unit of whole-block recompute).
   const std::vector<std::shared_ptr<BlockImpl>>& blocks() const { return blocks_; }
   /// Installs the function that runs each block; an empty runner calls block->forward(x).
   void set_block_runner(BlockRunner runner) { runner_ = std::move(runner); }
+
+  /// Installs what this model recomputes in backward under `policy` (memory.recompute),
+  /// replacing what an earlier call installed. The default, for any model:
+  ///  - none: nothing is recomputed;
+  ///  - full / every:K: the blocks registered with add_block (all of them / blocks 0, K,
+  ///    2K, ...) are recomputed whole, in training with autograd on, through the block
+  ///    runner; language models also compute their head + loss in recomputed chunks
+  ///    (set_loss_chunk_tokens(-1); Note [Chunked LM loss] in activation_checkpoint.cpp);
+  ///  - selective: only the regions marked with mark_cheap are recomputed (GPT and BERT
+  ///    mark their attention cores). A model that marks none recomputes nothing under
+  ///    selective: it trains as under none.
+  /// A model with other units overrides it (ResNet: its stem and split residual blocks, Note
+  /// [ResNet checkpoint units] in resnet.cpp). Values and gradients are bitwise the same
+  /// under every policy; only the memory kept for backward and the time differ.
+  virtual void apply_recompute(const RecomputePolicy& policy);
+  /// The names given to mark_cheap, in marking order.
+  std::vector<std::string> cheap_region_names() const;
 
  protected:
   /// Appends `b` to the torch::nn::ModuleList registered under `name` (registered on first use,
@@ -76,6 +124,10 @@ class Model : public torch::nn::Module {
   }
   /// Runs block i on x, through the runner when one is set.
   torch::Tensor run_block(size_t i, const torch::Tensor& x);
+  /// Marks `region` (kept by one of this model's modules) as cheap to recompute: the default
+  /// apply_recompute turns its recompute on under `selective` and off otherwise. `name`
+  /// says where it is, e.g. "blocks.3.attn.core". Mark in the constructor.
+  void mark_cheap(const std::string& name, const CheapRegion& region);
   /// Tokens per loss chunk for a head of `vocab` outputs, 0 when the loss is not chunked
   /// (not requested, not training, or no autograd).
   int64_t loss_chunk_tokens(int64_t vocab) const;
@@ -89,6 +141,7 @@ class Model : public torch::nn::Module {
   std::vector<std::shared_ptr<BlockImpl>> blocks_;
   std::map<std::string, torch::nn::ModuleList> block_lists_;
   BlockRunner runner_;
+  std::vector<std::pair<std::string, CheapRegion>> cheap_regions_;
   int64_t loss_chunk_tokens_ = 0;
   bool fused_loss_ = true;
 };

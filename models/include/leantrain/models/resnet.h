@@ -45,7 +45,7 @@ class DownsampleImpl : public torch::nn::Module {
 };
 
 /// A residual block whose residual branch and shortcut can be checkpointed as two units with
-/// the sum and final ReLU outside them (Note [ResNet checkpoint units] in activation_checkpoint.cpp).
+/// the sum and final ReLU outside them (Note [ResNet checkpoint units] in resnet.cpp).
 class ResidualBlockImpl : public BlockImpl {
  public:
   torch::Tensor forward(const torch::Tensor& x) override;
@@ -121,9 +121,9 @@ class ResNetStemImpl : public torch::nn::Module {
 };
 
 /// What ResNet::forward recomputes in backward (training with autograd on), installed by
-/// apply_checkpoint_policy: the stem as one unit, and block ranges [begin, end) each as one
+/// apply_recompute: the stem as one unit, and block ranges [begin, end) each as one
 /// unit, and blocks whose branch and shortcut are units of their own (split; the sum and
-/// ReLU stay outside) (Note [ResNet checkpoint units] in activation_checkpoint.cpp). Blocks
+/// ReLU stay outside) (Note [ResNet checkpoint units] in resnet.cpp). Blocks
 /// in no segment go through the block runner.
 struct ResNetCheckpointUnits {
   bool stem = false;
@@ -137,6 +137,11 @@ class ResNet : public Model {
   explicit ResNet(const lt::ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& input) override;
   Task task() const override { return Task::kClassify; }
+  /// Its own units (Note [ResNet checkpoint units] in resnet.cpp): full recomputes the stem
+  /// and every block's residual branch and shortcut as separate units, keeping block inputs
+  /// packed; selective the stem and the first stage's blocks the same way, unpacked; none and
+  /// every:K are the default's (every:K: whole blocks 0, K, 2K, ...).
+  void apply_recompute(const RecomputePolicy& policy) override;
 
   /// Blocks per stage (resnet_layout's first element).
   const std::vector<int64_t>& stage_blocks() const { return stage_blocks_; }

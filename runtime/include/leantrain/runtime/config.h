@@ -83,7 +83,10 @@ struct PrecisionConfig {
 };
 
 struct MemoryConfig {
-  std::string activation_checkpoint = "none";  // none | full | every:K | selective | auto
+  // Activation recompute: none | full | every:K | selective | auto. Read from memory.recompute
+  // (preferred) or memory.activation_checkpoint (the earlier spelling); config.json writes
+  // it as activation_checkpoint.
+  std::string activation_checkpoint = "none";
   std::string budget = "0";                    // bytes, e.g. "8GiB"; "0" = no budget
 };
 
