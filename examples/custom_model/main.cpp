@@ -40,7 +40,7 @@ eval_batch = 128
 [precision]
 mode = "bf16"
 [memory]
-activation_checkpoint = "full"   # recompute every encoder block in backward
+recompute = "full"   # recompute every encoder block in backward
 [checkpoint]
 every_steps = 10
 [log]

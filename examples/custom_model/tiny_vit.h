@@ -2,7 +2,7 @@
 // A user's model: a small vision transformer (patch embedding, pre-norm encoder blocks, mean
 // pooling, a linear head). Nothing in leantrain knows it; it becomes trainable by deriving
 // from lt::models::Model, and recomputable by registering its encoder blocks with add_block:
-// memory.activation_checkpoint = "full" or "every:K" then recomputes them in backward.
+// memory.recompute = "full" or "every:K" then recomputes them in backward.
 #include <torch/torch.h>
 
 #include "leantrain/models/model.h"

@@ -128,7 +128,7 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
   auto& model = *parts_.model;
   model.to(device_);
   model.train();
-  models::apply_checkpoint_policy(model, models::CheckpointPolicy::parse(cfg_.memory.activation_checkpoint));
+  model.apply_recompute(models::RecomputePolicy::parse(cfg_.memory.activation_checkpoint));
   comm_.set_step(0);
   comm_.set_timeout(cfg_.comm.startup_timeout_s);  // Note [Deadlines]
   // Every rank starts from rank 0's weights.
@@ -261,8 +261,8 @@ void Trainer::log_start() const {
             std::to_string(world_) + ", precision " + cfg_.precision.mode + "; global batch " +
             std::to_string(t.global_batch) + " = " + std::to_string(world_) + " ranks x " +
             std::to_string(t.micro_batch) + " micro x " + std::to_string(accum_) +
-            " accumulation; activation checkpoint " +
-            models::CheckpointPolicy::parse(cfg_.memory.activation_checkpoint).to_string() + "; " +
+            " accumulation; recompute " +
+            models::RecomputePolicy::parse(cfg_.memory.activation_checkpoint).to_string() + "; " +
             std::to_string(total_steps_) + " steps (" + std::to_string(steps_per_epoch_) + " per epoch)");
   if (lr_scale(t) != 1.0)
     log::info("linear lr scaling: train.lr " + std::to_string(t.lr) + " x global batch " +
@@ -342,7 +342,7 @@ void Trainer::back_off(int64_t step, bool oom_here, const std::string& what, int
                             std::to_string(micro_) + (oom_here ? " (" + what + ")" : std::string());
   const int64_t next = backoff_micro_batch(micro_);
   if (next == 0 || !opt_.oom_backoff)
-    throw TrainingStopped(where + "; micro-batch 1 does not fit: enable memory.activation_checkpoint "
+    throw TrainingStopped(where + "; micro-batch 1 does not fit: enable memory.recompute "
                           "(selective, full), use precision.mode = \"bf16\", or raise memory.budget");
   const int64_t next_accum = accum_ * (micro_ / next);
   log::warn(where + "; backing off to micro-batch " + std::to_string(next) + " x " + std::to_string(next_accum) +
