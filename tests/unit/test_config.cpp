@@ -134,11 +134,6 @@ TEST(ConfigValidate, EnumsListAllowedValues) {
   auto msg = config_error([&] { lt::validate(c, 1); });
   EXPECT_CONTAINS(msg, "precision.mode = 'fp8'");
   EXPECT_CONTAINS(msg, "fp32 | bf16 | fp16");
-  c = valid();
-  c.memory.activation_checkpoint = "every:0";
-  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "every:K");
-  c.memory.activation_checkpoint = "every:3";
-  EXPECT_NO_THROW(lt::validate(c, 1));
 }
 
 TEST(ConfigValidate, EmptyDataPathIsNamed) {
@@ -149,11 +144,17 @@ TEST(ConfigValidate, EmptyDataPathIsNamed) {
   EXPECT_NO_THROW(lt::validate(c, 1));
 }
 
-TEST(ConfigValidate, HeadsMustDivideModelWidth) {
+// Keys owned by another component are checked there, once (config.h: validate): runtime
+// leaves their values alone (tests/unit/test_models.cpp, test_data.cpp check them).
+TEST(ConfigValidate, KeysOfOtherComponentsAreLeftToThem) {
   auto c = valid();
   c.model.d_model = 100;
-  c.model.n_head = 3;
-  EXPECT_CONTAINS(config_error([&] { lt::validate(c, 1); }), "model.n_head = 3");
+  c.model.n_head = 3;                          // models::check_model_config
+  c.memory.activation_checkpoint = "every:0";  // models::RecomputePolicy::parse
+  c.data.eval_fraction = 0;                    // data::make_datasets (0: nothing held out)
+  c.data.mask_prob = 1;
+  c.comm.backend = "carrier-pigeon";           // comm::choose_backend
+  EXPECT_NO_THROW(lt::validate(c, 1));
 }
 
 TEST(ConfigValidate, FaultPoliciesAndDeadlines) {
@@ -236,12 +237,6 @@ TEST(ConfigParse, RecomputeAndActivationCheckpointWithDifferentValuesAreAConflic
   EXPECT_CONTAINS(msg, "memory.activation_checkpoint");
   EXPECT_CONTAINS(msg, "memory.recompute");
   EXPECT_CONTAINS(msg, "--set");
-  // A bad value names the preferred key and its alias.
-  auto c = valid();
-  c.memory.activation_checkpoint = "sometimes";
-  msg = config_error([&] { lt::validate(c, 1); });
-  EXPECT_CONTAINS(msg, "memory.recompute");
-  EXPECT_CONTAINS(msg, "memory.activation_checkpoint");
 }
 
 TEST(ConfigJson, ContainsEverySection) {

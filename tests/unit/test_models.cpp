@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "leantrain/models/activation_checkpoint.h"
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/errors.h"
@@ -511,4 +512,31 @@ TEST(ModelsTrain, TinyGptOverfitsOneBatch) {
   std::cout << "[ overfit ] loss " << first << " -> " << last << "\n";
   EXPECT_NEAR(first, std::log(32.0), 0.5);
   EXPECT_LT(last, 0.5 * first);
+}
+
+// The model's keys are checked here, once (runtime's validate leaves them to models/).
+TEST(ModelConfigCheck, HeadsMustDivideTheWidthAndRecomputeMustParse) {
+  lt::ModelConfig c;
+  c.kind = "gpt";
+  c.d_model = 100;
+  c.n_head = 3;
+  try {
+    lm::check_model_config(c);
+    ADD_FAILURE() << "d_model 100 with 3 heads was accepted";
+  } catch (const lt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_head"), std::string::npos) << e.what();
+  }
+  c.n_head = 4;
+  EXPECT_NO_THROW(lm::check_model_config(c));
+  for (const char* bad : {"every:0", "every:", "sometimes", "auto"}) {
+    try {
+      lm::RecomputePolicy::parse(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const lt::ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("memory.recompute"), std::string::npos) << m;
+      EXPECT_NE(m.find("memory.activation_checkpoint"), std::string::npos) << m;
+    }
+  }
+  EXPECT_EQ(lm::RecomputePolicy::parse("every:3").every, 3);
 }

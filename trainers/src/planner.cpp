@@ -532,6 +532,7 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
   const std::vector<std::string> precisions = candidate_precisions(opt, device);
   std::vector<int64_t> micros = candidate_micro_batches(per_rank);
 
+  models::check_model_config(cfg.model);  // before any data is read (the policy is the planner's to pick)
   auto data = data::make_datasets(cfg.data, cfg.model);
   const int64_t param_bytes = parameter_bytes(cfg);
   const int64_t comm_bytes = world_size > 1 ? param_bytes : 0;  // the gradient buckets' flat buffers

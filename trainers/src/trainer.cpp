@@ -78,7 +78,13 @@ void check_components(const Components& c) {
 
 }  // namespace
 
+void check_component_config(const Config& cfg) {
+  models::check_model_config(cfg.model);
+  models::RecomputePolicy::parse(cfg.memory.activation_checkpoint);
+}
+
 Components make_components(const Config& cfg) {
+  check_component_config(cfg);
   MemoryMeter::install_cpu_tracking();  // before the first parameter (Note [Memory breakdown])
   torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));  // same initial weights on every rank
   auto data = data::make_datasets(cfg.data, cfg.model);

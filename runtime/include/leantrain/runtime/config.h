@@ -133,8 +133,13 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 /// Reads `path` and parses it (see parse_config); a missing file is a ConfigError.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
-/// Checks every value, and the parallel layout for `world_size` ranks. Throws ConfigError
-/// with the key, the value and what is allowed.
+/// Checks the values of the keys this layer owns, and the parallel layout for `world_size`
+/// ranks. Throws ConfigError with the key, the value and what is allowed. A key is checked in
+/// exactly one place, by the component that uses it: model.d_model / n_head and the model's
+/// other structure by models::check_model_config, memory.recompute by
+/// models::RecomputePolicy::parse (both run up front by trainers::check_component_config),
+/// data.eval_fraction, data.mask_prob and data.limit by data::make_datasets, comm.backend by
+/// comm::choose_backend.
 void validate(const Config& cfg, int world_size);
 
 /// Gradient-accumulation steps: global_batch / (micro_batch * world_size).

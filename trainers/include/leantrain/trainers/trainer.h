@@ -41,6 +41,11 @@ struct Components {
   std::string name = "model";  // the model's name in the run log
 };
 
+/// The checks of the config keys the built-in components own (models::check_model_config,
+/// models::RecomputePolicy::parse), without building anything: a bad value fails before any
+/// data is read. ConfigError naming the key.
+void check_component_config(const Config& cfg);
+
 /// The built-in model and datasets a config names, seeded with data.seed (so every rank
 /// builds the same initial weights). Components of your own: build them after
 /// make_runtime_context(), which installs the CPU memory tracker; tensors allocated before it
