@@ -181,10 +181,13 @@ int run_train(const std::string& config_path, std::vector<std::string> sets, std
     return code;
   }
   if (s.preempted) return lt::kExitPreempted;
-  std::string acc = s.eval_accuracy >= 0 ? ", eval accuracy " + std::to_string(100.0 * s.eval_accuracy) + "%" : "";
+  std::string eval = !s.evaluated ? ", no eval set"
+                                  : ", eval loss " + std::to_string(s.eval_loss) +
+                                        (s.eval_accuracy >= 0
+                                             ? ", eval accuracy " + std::to_string(100.0 * s.eval_accuracy) + "%"
+                                             : std::string());
   lt::log::info("done: " + std::to_string(s.steps) + " steps in " + std::to_string(s.seconds) +
-                " s, final loss " + std::to_string(s.final_loss) + ", eval loss " +
-                std::to_string(s.eval_loss) + acc + "; metrics in " + out + "/metrics.jsonl");
+                " s, final loss " + std::to_string(s.final_loss) + eval + "; metrics in " + out + "/metrics.jsonl");
   return lt::kExitOk;
 }
 

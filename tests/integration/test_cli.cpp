@@ -132,6 +132,30 @@ double final_eval_loss(const fs::path& run_dir) {
   return loss;
 }
 
+// data.eval_fraction = 0 holds nothing out: the run trains and evaluates nothing (the Trainer
+// takes a null eval set), saying so instead of reporting an eval loss of 0.
+TEST_F(Cli, NoHeldOutTextTrainsWithoutEvaluation) {
+  const auto corpus = dir_ / "corpus.txt";
+  {
+    std::ofstream f(corpus);
+    for (int i = 0; i < 400; ++i) f << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  const auto cfg = dir_ / "text.toml";
+  std::ofstream(cfg) << "[model]\nkind = \"gpt\"\nvocab_size = 256\nseq_len = 16\nn_layer = 1\nn_head = 2\n"
+                        "d_model = 16\n[data]\nkind = \"text\"\npath = \""
+                     << corpus.string()
+                     << "\"\neval_fraction = 0.0\n[train]\nglobal_batch = 8\nmicro_batch = 8\nsteps = 3\n"
+                        "threads = 1\n[log]\nprogress = \"none\"\n";
+  auto r = run("train --config " + cfg.string() + " --out " + (dir_ / "run").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("no eval set"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("eval loss"), std::string::npos) << r.err;
+  const auto epochs = events(dir_ / "run", "epoch");
+  ASSERT_EQ(epochs.size(), 1u);
+  EXPECT_FALSE(epochs[0].contains("eval_loss"));
+  EXPECT_EQ(events(dir_ / "run", "step").size(), 3u);
+}
+
 TEST_F(Cli, SgdWithMomentumTrains) {
   const auto out = dir_ / "sgd";
   auto r = run("train --config " + std::string(LEANTRAIN_SOURCE_DIR) + "/configs/fashion_mnist_mlp.toml" +

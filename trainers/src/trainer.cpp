@@ -595,6 +595,7 @@ void Trainer::end_epoch(int64_t epoch, int64_t step) {
   line.precision(4);
   line << std::fixed << "epoch " << epoch + 1 << ":";
   if (ev) {
+    summary_.evaluated = true;
     summary_.eval_loss = ev->loss;
     summary_.eval_accuracy = ev->accuracy;
     ef.emplace_back("eval_loss", ev->loss);

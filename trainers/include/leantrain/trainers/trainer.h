@@ -68,6 +68,7 @@ struct TrainSummary {
   int64_t steps = 0;
   int64_t epochs = 0;
   double final_loss = 0;       // training loss of the last step
+  bool evaluated = false;      // an evaluation ran (there is an eval set and an epoch ended)
   double eval_loss = 0;        // of the last evaluation
   double eval_accuracy = -1;   // classifiers and masked LMs; -1 when not applicable
   double seconds = 0;
