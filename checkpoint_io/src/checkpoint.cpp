@@ -1,5 +1,7 @@
 #include "leantrain/checkpoint_io/checkpoint.h"
 
+#include <torch/torch.h>
+
 #include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>

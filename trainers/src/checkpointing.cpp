@@ -1,5 +1,7 @@
 #include "leantrain/trainers/checkpointing.h"
 
+#include <torch/torch.h>
+
 #include <csignal>
 
 #include <atomic>

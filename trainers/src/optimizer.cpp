@@ -1,5 +1,7 @@
 #include "leantrain/trainers/optimizer.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
 

@@ -1,5 +1,7 @@
 #include "leantrain/trainers/precision.h"
 
+#include <torch/torch.h>
+
 #include <ATen/autocast_mode.h>
 
 #include "leantrain/runtime/errors.h"

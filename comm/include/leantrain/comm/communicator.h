@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/runtime_context.h"

@@ -13,7 +13,8 @@
 #include <memory>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/types.h>
 
 #include "leantrain/comm/communicator.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "leantrain/runtime/config.h"
 

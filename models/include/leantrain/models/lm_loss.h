@@ -1,7 +1,7 @@
 #pragma once
 // The language-model head fused with its cross-entropy (Note [Fused LM loss] in
 // models/src/lm_loss.cpp).
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace lt::models {
 

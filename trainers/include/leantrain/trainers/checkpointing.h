@@ -10,7 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include "leantrain/checkpoint_io/checkpoint.h"
 #include "leantrain/comm/communicator.h"

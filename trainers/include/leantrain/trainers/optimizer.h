@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <memory>
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 
 #include "leantrain/runtime/config.h"
 

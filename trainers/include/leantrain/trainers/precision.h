@@ -5,7 +5,8 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include "leantrain/comm/communicator.h"
 #include "leantrain/runtime/config.h"
