@@ -110,7 +110,8 @@ class Trainer {
   /// Validates its input (ConfigError naming what is wrong: a null model or training set, a
   /// global batch larger than the training set or not a multiple of world x micro-batch), places
   /// the model, broadcasts rank 0's weights, builds the optimizer and the loss scaler, checks
-  /// the memory budget, and resumes or initialises per `opt.start`.
+  /// the memory budget, and resumes or initialises per `opt.start`. `ctx` and `comm` are
+  /// borrowed: they must outlive the Trainer.
   Trainer(const Config& cfg, Components components, const RuntimeContext& ctx, comm::Communicator& comm,
           TrainerOptions opt = {});
   ~Trainer();
