@@ -371,6 +371,11 @@ StepResult Trainer::train_step(int64_t step) {
   r.epoch = step / steps_per_epoch_;
   const auto& perm = permutation(r.epoch);
   comm_.set_step(step + 1);
+  // Note [Deadlines]: setup (broadcasts, resume), the first step (allocator warm-up, lazy
+  // initialisation), an evaluation (ranks may finish their shares apart) and the step after an
+  // evaluation or a checkpoint (rank 0 may still be writing) may be slow on one rank: those run
+  // under comm.startup_timeout_s; every other step under comm.timeout_s, so a dead or stuck
+  // peer is noticed in seconds, not hours.
   comm_.set_timeout(generous_step_ ? cfg_.comm.startup_timeout_s : cfg_.comm.timeout_s);
   generous_step_ = false;
   const auto step_start = Clock::now();
