@@ -2,7 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/errors.h"
@@ -258,3 +263,80 @@ TEST(ShippedConfigs, EveryConfigParsesAndValidates) {
 }
 
 }  // namespace
+
+// docs/CONFIG.md is held to the parser's one table of keys (runtime/src/config.cpp, fields_of):
+// every key config.json writes is documented under its section, every documented key parses,
+// and each documented default, given with --set, leaves the resolved config unchanged.
+namespace {
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t`"), e = s.find_last_not_of(" \t`");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+std::vector<std::string> split_top(const std::string& s) {  // "2, 2, 64" and "[256, 256]"
+  std::vector<std::string> out;
+  int depth = 0;
+  std::string cur;
+  for (char ch : s) {
+    if (ch == '[') ++depth;
+    if (ch == ']') --depth;
+    if (ch == ',' && depth == 0) {
+      out.push_back(trim(cur));
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  out.push_back(trim(cur));
+  return out;
+}
+}  // namespace
+
+TEST(ConfigDoc, DocumentsEveryKeyWithItsDefault) {
+  std::ifstream in(std::string(LEANTRAIN_SOURCE_DIR) + "/docs/CONFIG.md");
+  ASSERT_TRUE(in) << "docs/CONFIG.md";
+  std::map<std::string, std::string> documented;  // section.key -> default as written
+  std::string section;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("#", 0) == 0) {  // "## [train]"; any other heading ends the section
+      section = line.rfind("## [", 0) != 0                  ? ""
+                : line.find("], [") != std::string::npos ? "*"  // several sections: rows say which
+                                                         : line.substr(4, line.find(']') - 4);
+      continue;
+    }
+    if (section.empty() || line.rfind("| ", 0) != 0 || line.rfind("| key", 0) == 0) continue;
+    std::vector<std::string> cells;
+    for (size_t at = 1, bar; (bar = line.find(" | ", at)) != std::string::npos || at < line.size(); at = bar + 3) {
+      if (bar == std::string::npos) break;
+      cells.push_back(trim(line.substr(at, bar - at)));
+    }
+    if (cells.size() < 3) continue;
+    const auto keys = split_top(cells[0]), defaults = split_top(cells[2]);
+    // Under "## [checkpoint], [comm], [log]" a row names its section: "comm.bucket_mb,
+    // first_bucket_mb" (the keys after the first share its section).
+    std::string sec = section;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::string key = keys[i];
+      if (section == "*") {
+        const auto dot = key.find('.');
+        if (dot != std::string::npos) sec = key.substr(0, dot), key = key.substr(dot + 1);
+      }
+      documented[sec + "." + key] = keys.size() == defaults.size() ? defaults[i] : cells[2];
+    }
+  }
+  const auto defaults = nlohmann::json::parse(lt::config_to_json(lt::Config{}));
+  for (const auto& [sec, keys] : defaults.items())
+    for (const auto& [key, value] : keys.items())
+      EXPECT_TRUE(documented.count(sec + "." + key)) << sec << "." << key << " (default " << value.dump()
+                                                      << ") is not in docs/CONFIG.md";
+  for (const auto& [name, value] : documented) {
+    SCOPED_TRACE(name + " = " + value);
+    lt::Config c;
+    try {
+      c = lt::parse_config("", "docs/CONFIG.md", {name + "=" + value});
+    } catch (const lt::ConfigError& e) {
+      ADD_FAILURE() << "the documented key or default does not parse: " << e.what();
+      continue;
+    }
+    EXPECT_EQ(nlohmann::json::parse(lt::config_to_json(c)), defaults) << "the documented default is not the default";
+  }
+}
