@@ -252,6 +252,7 @@ void training(const Options& o, lt::comm::Communicator& comm) {
   cfg.train.steps = o.steps + 1;
   cfg.train.optimizer = "sgd";
   cfg.train.momentum = 0;
+  cfg.train.weight_decay = 0;  // plain SGD, as before the bench ran the trainer's step
   cfg.train.lr = 1e-4;
   cfg.train.grad_clip = 0;
   cfg.comm.first_bucket_mb = o.first_mb;
