@@ -347,7 +347,8 @@ void Trainer::back_off(int64_t step, bool oom_here, const std::string& what, int
   const std::string where = "step " + std::to_string(step + 1) + ": " + who + " with micro-batch " +
                             std::to_string(micro_) + (oom_here ? " (" + what + ")" : std::string());
   const int64_t next = backoff_micro_batch(micro_);
-  if (next == 0 || !opt_.oom_backoff)
+  if (!opt_.oom_backoff) throw TrainingStopped(where + "; no back-off (TrainerOptions::oom_backoff is off)");
+  if (next == 0)
     throw TrainingStopped(where + "; micro-batch 1 does not fit: enable memory.recompute "
                           "(selective, full), use precision.mode = \"bf16\", or raise memory.budget");
   const int64_t next_accum = accum_ * (micro_ / next);
