@@ -41,6 +41,7 @@
 #include "leantrain/comm/communicator.h"
 #include "leantrain/data/dataset.h"
 #include "leantrain/models/model.h"
+#include "leantrain/models/registry.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/files.h"
 #include "leantrain/runtime/memory_meter.h"
@@ -183,10 +184,11 @@ int main(int argc, char** argv) {
     ctx.threads = torch::get_num_threads();
     lt::comm::LocalCommunicator local;
     torch::manual_seed(0);
-    const int64_t T = std::min(o.tokens, cfg.model.seq_len);
+    const lt::InputContract contract = lt::models::model_contract(cfg.model);
+    const int64_t T = std::min(o.tokens, contract.seq_len);
     lt::trainers::Trainer trainer(cfg,
                                   {lt::models::build_model(cfg.model),
-                                   std::make_shared<ShortWindows>(cfg.model.vocab_size, T), nullptr, "gpt"},
+                                   std::make_shared<ShortWindows>(contract.vocab_size, T), nullptr, "gpt"},
                                   ctx, local);
     auto& model = trainer.model();
     auto& optimizer = trainer.optimizer();

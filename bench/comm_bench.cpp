@@ -33,6 +33,7 @@
 #include "leantrain/comm/grad_sync.h"
 #include "leantrain/comm/mpi_communicator.h"
 #include "leantrain/models/model.h"
+#include "leantrain/models/registry.h"
 #include "leantrain/runtime/memory_meter.h"
 #include "leantrain/runtime/runtime_context.h"
 #include "leantrain/trainers/trainer.h"
@@ -101,8 +102,8 @@ torch::Tensor pattern_like(const torch::Tensor& t) {
   return torch::arange(t.numel(), torch::kLong).remainder(7).to(torch::kFloat).view(t.sizes());
 }
 
-lt::ModelConfig gpt(int64_t layers, int64_t d_model, int64_t vocab, int64_t seq) {
-  lt::ModelConfig c;
+lt::models::ModelConfig gpt(int64_t layers, int64_t d_model, int64_t vocab, int64_t seq) {
+  lt::models::ModelConfig c;
   c.kind = "gpt";
   c.n_layer = layers;
   c.d_model = d_model;
@@ -243,10 +244,10 @@ struct StepTimes {
 void training(const Options& o, lt::comm::Communicator& comm) {
   const int rank = comm.rank(), n = comm.size();
   lt::Config cfg;
-  cfg.model = gpt(o.train_layers, o.d_model, o.train_vocab, o.seq);
+  cfg.model = lt::models::builtin_model_section(gpt(o.train_layers, o.d_model, o.train_vocab, o.seq));
   cfg.data.kind = "synthetic";
   cfg.data.seed = 0;
-  cfg.data.synthetic_samples = std::max<int64_t>(256, o.micro * n * (o.steps + 1));
+  cfg.data.options.set("synthetic_samples", std::max<int64_t>(256, o.micro * n * (o.steps + 1)));
   cfg.train.micro_batch = o.micro;
   cfg.train.global_batch = o.micro * n;
   cfg.train.steps = o.steps + 1;

@@ -26,6 +26,7 @@
 
 #include "leantrain/comm/communicator.h"
 #include "leantrain/models/model.h"
+#include "leantrain/models/registry.h"
 #include "leantrain/runtime/memory_meter.h"
 #include "leantrain/runtime/runtime_context.h"
 #include "leantrain/trainers/trainer.h"
@@ -58,13 +59,13 @@ struct Row {
 // with momentum- and decay-free SGD so the update allocates nothing: the activation
 // figure is the trainer's (Note [Memory breakdown]: peak - step base - gradients), the time
 // the step's forward + backward (StepResult::compute_s).
-Row measure(const lt::ModelConfig& model_cfg, const std::string& precision, const std::string& policy,
+Row measure(const lt::models::ModelConfig& model_cfg, const std::string& precision, const std::string& policy,
             const Options& o) {
   lt::Config cfg;
-  cfg.model = model_cfg;
+  cfg.model = lt::models::builtin_model_section(model_cfg);
   cfg.data.kind = "synthetic";
   cfg.data.seed = 0;
-  cfg.data.synthetic_samples = std::max(64, o.micro * (o.steps + 1));
+  cfg.data.options.set("synthetic_samples", int64_t{std::max(64, o.micro * (o.steps + 1))});
   cfg.train.global_batch = cfg.train.micro_batch = o.micro;
   cfg.train.steps = o.steps + 1;
   cfg.train.optimizer = "sgd";
@@ -135,9 +136,9 @@ int main(int argc, char** argv) {
   torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   lt::keep_freed_memory_for_reuse();
   lt::MemoryMeter::install_cpu_tracking();
-  std::vector<lt::ModelConfig> models;
+  std::vector<lt::models::ModelConfig> models;
   if (o.model == "gpt" || o.model == "all") {
-    lt::ModelConfig g;
+    lt::models::ModelConfig g;
     g.kind = "gpt";
     g.vocab_size = 50257;
     g.seq_len = o.seq;
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
     models.push_back(g);
   }
   if (o.model == "resnet50" || o.model == "all") {
-    lt::ModelConfig r;
+    lt::models::ModelConfig r;
     r.kind = "resnet";
     r.depth = 50;
     r.in_channels = 3;

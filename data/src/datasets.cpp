@@ -31,7 +31,6 @@ void check_indices(const std::vector<int64_t>& indices, int64_t size, const std:
   }
 }
 
-int64_t limited(int64_t n, int64_t limit) { return limit > 0 && limit < n ? limit : n; }
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
@@ -40,9 +39,8 @@ std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
 class IdxImageDataset final : public Dataset {
  public:
-  IdxImageDataset(std::string name, IdxImages images, IdxLabels labels, int64_t limit)
-      : name_(std::move(name)), images_(std::move(images)), labels_(std::move(labels)),
-        size_(limited(images_.count, limit)) {
+  IdxImageDataset(std::string name, IdxImages images, IdxLabels labels)
+      : name_(std::move(name)), images_(std::move(images)), labels_(std::move(labels)), size_(images_.count) {
     for (int v = 0; v < 256; ++v) lut_[v] = static_cast<float>((v / 255.0 - 0.2860) / 0.3530);
   }
   int64_t size() const override { return size_; }
@@ -75,7 +73,7 @@ class IdxImageDataset final : public Dataset {
   float lut_[256];
 };
 
-std::shared_ptr<Dataset> load_fashion_split(const std::string& dir, const std::string& split, int64_t limit) {
+std::shared_ptr<Dataset> load_fashion_split(const std::string& dir, const std::string& split) {
   const std::string img_path = dir + "/" + split + "-images-idx3-ubyte.gz";
   const std::string lbl_path = dir + "/" + split + "-labels-idx1-ubyte.gz";
   IdxImages images = read_idx_images(img_path);
@@ -95,7 +93,7 @@ std::shared_ptr<Dataset> load_fashion_split(const std::string& dir, const std::s
     }
   }
   const std::string name = std::string("fashion_mnist ") + (split == "train" ? "train" : "eval");
-  return std::make_shared<IdxImageDataset>(name, std::move(images), std::move(labels), limit);
+  return std::make_shared<IdxImageDataset>(name, std::move(images), std::move(labels));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -151,8 +149,8 @@ class LmDataset : public Dataset {
 class TextDataset final : public LmDataset {
  public:
   TextDataset(std::string name, std::string path, std::shared_ptr<const std::string> corpus, size_t begin,
-              size_t bytes, LmSpec spec, int64_t limit)
-      : LmDataset(spec, limited(static_cast<int64_t>((bytes - 1) / static_cast<size_t>(spec.seq_len)), limit)),
+              size_t bytes, LmSpec spec)
+      : LmDataset(spec, static_cast<int64_t>((bytes - 1) / static_cast<size_t>(spec.seq_len))),
         name_(std::move(name)), path_(std::move(path)), corpus_(std::move(corpus)), begin_(begin), bytes_(bytes) {}
   std::string describe() const override {
     char mb[32];
@@ -239,14 +237,24 @@ class SyntheticImageDataset final : public Dataset {
   throw lt::ConfigError(key + ": " + msg);
 }
 
-bool is_image_model(const std::string& k) { return k == "resnet" || k == "mlp"; }
-bool is_lm_model(const std::string& k) { return k == "gpt" || k == "bert"; }
+using Input = lt::InputContract::Input;
+using Target = lt::InputContract::Target;
 
-void require_model_kind(const lt::ModelConfig& m, bool ok, const std::string& data_kind, const char* allowed) {
-  if (!ok) {
-    config_error("model.kind", quoted(m.kind) + " cannot train on data.kind " + quoted(data_kind) + " (use " +
-                                   allowed + ")");
-  }
+// "model.in_channels = 3" or "the model's channels = 3" when the model fixes it.
+std::string model_value(const std::string& key, const char* what, int64_t v) {
+  return (key.empty() ? std::string("the model's ") + what : key) + " = " + std::to_string(v);
+}
+
+// Refuses a contract whose value `have` differs from what the data gives.
+void require_equal(const std::string& key, const char* what, int64_t have, int64_t want, const std::string& data) {
+  if (have == want) return;
+  throw lt::ConfigError(model_value(key, what, have) + ", but " + data + " gives " + std::to_string(want) +
+                        (key.empty() ? "" : " (set " + key + " = " + std::to_string(want) + ")"));
+}
+
+void require_input(const lt::InputContract& m, Input input, const std::string& data_kind, const char* gives) {
+  if (m.input == input && (input == Input::kTokens) == (m.target != Target::kClassLabels)) return;
+  throw lt::ConfigError("data.kind = " + quoted(data_kind) + " gives " + gives + "; the model takes " + m.describe());
 }
 
 struct PathKind {
@@ -258,43 +266,30 @@ PathKind stat_path(const std::string& p) {
   return {true, S_ISDIR(st.st_mode)};
 }
 
-void check_lm_shape(const lt::ModelConfig& m) {
-  if (m.seq_len < 1) config_error("model.seq_len", std::to_string(m.seq_len) + " must be >= 1");
-}
-
-void check_mask_prob(const lt::DataConfig& d, const lt::ModelConfig& m) {
-  if (m.kind == "bert" && !(d.mask_prob > 0.0 && d.mask_prob <= 1.0)) {
-    config_error("data.mask_prob", std::to_string(d.mask_prob) + " must be in (0, 1] for bert");
-  }
-}
-
-Datasets make_fashion_mnist(const lt::DataConfig& d, const lt::ModelConfig& m) {
-  require_model_kind(m, is_image_model(m.kind), d.kind, "resnet or mlp");
-  if (m.in_channels != 1) config_error("model.in_channels", std::to_string(m.in_channels) + " but Fashion-MNIST has 1 channel (set model.in_channels = 1)");
-  if (m.image_size != 28) config_error("model.image_size", std::to_string(m.image_size) + " but Fashion-MNIST images are 28x28 (set model.image_size = 28)");
-  if (m.num_classes != 10) config_error("model.num_classes", std::to_string(m.num_classes) + " but Fashion-MNIST has 10 classes (set model.num_classes = 10)");
+Datasets make_fashion_mnist(const DataConfig& d, const lt::InputContract& m) {
+  require_input(m, Input::kImages, d.kind, "images [B,1,28,28] with labels of 10 classes");
+  require_equal(m.channels_key, "channels", m.channels, 1, "Fashion-MNIST (1 channel)");
+  require_equal(m.size_key, "image size", m.height, 28, "Fashion-MNIST (28x28 images)");
+  require_equal(m.size_key, "image size", m.width, 28, "Fashion-MNIST (28x28 images)");
+  require_equal(m.num_classes_key, "classes", m.num_classes, 10, "Fashion-MNIST (10 classes)");
   const PathKind pk = stat_path(d.path);
   if (!pk.exists) config_error("data.path", quoted(d.path) + " does not exist (fashion_mnist needs the directory holding train-/t10k-{images-idx3,labels-idx1}-ubyte[.gz])");
   if (!pk.dir) config_error("data.path", quoted(d.path) + " is not a directory (fashion_mnist needs the directory holding the 4 IDX files)");
   Datasets out;
-  out.train = load_fashion_split(d.path, "train", d.limit);
-  out.eval = load_fashion_split(d.path, "t10k", 0);
+  out.train = load_fashion_split(d.path, "train");
+  out.eval = load_fashion_split(d.path, "t10k");
   return out;
 }
 
-Datasets make_text(const lt::DataConfig& d, const lt::ModelConfig& m) {
-  require_model_kind(m, is_lm_model(m.kind), d.kind, "gpt or bert");
-  const bool bert = m.kind == "bert";
+Datasets make_text(const DataConfig& d, const lt::InputContract& m) {
+  require_input(m, Input::kTokens, d.kind, "byte tokens with next-token or masked-token targets");
+  const bool bert = m.target == Target::kMaskedTokens;
   const int64_t need_vocab = bert ? kTextMaskToken + 1 : 256;
   if (m.vocab_size < need_vocab) {
-    config_error("model.vocab_size", std::to_string(m.vocab_size) + " is too small for byte-level text: " +
-                                         m.kind + " needs >= " + std::to_string(need_vocab) +
-                                         (bert ? " (256 bytes + [MASK])" : " (256 bytes)"));
-  }
-  check_lm_shape(m);
-  check_mask_prob(d, m);
-  if (!(d.eval_fraction >= 0.0 && d.eval_fraction < 1.0)) {
-    config_error("data.eval_fraction", std::to_string(d.eval_fraction) + " must be in [0, 1)");
+    throw lt::ConfigError(model_value(m.vocab_size_key, "vocabulary", m.vocab_size) +
+                          " is too small for byte-level text: " + (bert ? "masked" : "next-token") +
+                          " targets need >= " + std::to_string(need_vocab) +
+                          (bert ? " (256 bytes + [MASK])" : " (256 bytes)"));
   }
   if (!stat_path(d.path).exists) {
     config_error("data.path", quoted(d.path) + " does not exist (text needs a text file or a directory of them)");
@@ -306,7 +301,7 @@ Datasets make_text(const lt::DataConfig& d, const lt::ModelConfig& m) {
   const auto window = static_cast<size_t>(m.seq_len) + 1;
   if (train_bytes < window) {
     throw lt::DataError("text corpus " + quoted(d.path) + " leaves " + std::to_string(train_bytes) +
-                        " training bytes, fewer than one window of model.seq_len+1 = " + std::to_string(window));
+                        " training bytes, fewer than one window of the model's seq_len+1 = " + std::to_string(window));
   }
   LmSpec spec;
   spec.seq_len = m.seq_len;
@@ -316,32 +311,29 @@ Datasets make_text(const lt::DataConfig& d, const lt::ModelConfig& m) {
   spec.random_vocab = 256;
   spec.seed = d.seed;
   Datasets out;
-  out.train = std::make_shared<TextDataset>("text train", d.path, corpus, 0, train_bytes, spec, d.limit);
+  out.train = std::make_shared<TextDataset>("text train", d.path, corpus, 0, train_bytes, spec);
   if (eval_bytes > 0) {
     if (eval_bytes < window) {
       config_error("data.eval_fraction", std::to_string(d.eval_fraction) + " holds out " + std::to_string(eval_bytes) +
-                                             " bytes, fewer than one window of model.seq_len+1 = " +
+                                             " bytes, fewer than one window of the model's seq_len+1 = " +
                                              std::to_string(window) + " (raise it, or 0 for no eval)");
     }
-    out.eval = std::make_shared<TextDataset>("text eval", d.path, corpus, train_bytes, eval_bytes, spec, 0);
+    out.eval = std::make_shared<TextDataset>("text eval", d.path, corpus, train_bytes, eval_bytes, spec);
   }
   return out;
 }
 
-Datasets make_synthetic(const lt::DataConfig& d, const lt::ModelConfig& m) {
-  if (d.synthetic_samples < 1) {
-    config_error("data.synthetic_samples", std::to_string(d.synthetic_samples) + " must be >= 1");
-  }
-  const int64_t train_n = limited(d.synthetic_samples, d.limit);
+Datasets make_synthetic(const DataConfig& d, const lt::InputContract& m) {
+  const int64_t train_n = d.synthetic_samples;
   const int64_t eval_n = std::max<int64_t>(d.synthetic_samples / 8, 64);
   Datasets out;
-  if (is_lm_model(m.kind)) {
-    const bool bert = m.kind == "bert";
+  if (m.input == Input::kTokens) {
+    require_input(m, Input::kTokens, d.kind, "tokens with next-token or masked-token targets, or images with labels");
+    const bool bert = m.target == Target::kMaskedTokens;
     if (m.vocab_size < (bert ? 3 : 2)) {
-      config_error("model.vocab_size", std::to_string(m.vocab_size) + " must be >= " + (bert ? "3 for bert (tokens + [MASK])" : "2"));
+      throw lt::ConfigError(model_value(m.vocab_size_key, "vocabulary", m.vocab_size) + ": must be >= " +
+                            (bert ? "3 for masked targets (tokens + [MASK])" : "2"));
     }
-    check_lm_shape(m);
-    check_mask_prob(d, m);
     const int64_t vocab = bert ? m.vocab_size - 1 : m.vocab_size;  // bert: [MASK] = vocab_size-1
     LmSpec spec;
     spec.seq_len = m.seq_len;
@@ -352,27 +344,55 @@ Datasets make_synthetic(const lt::DataConfig& d, const lt::ModelConfig& m) {
     spec.seed = d.seed;
     out.train = std::make_shared<SyntheticLmDataset>("synthetic train", kStreamSynthTrain, train_n, spec, vocab);
     out.eval = std::make_shared<SyntheticLmDataset>("synthetic eval", kStreamSynthEval, eval_n, spec, vocab);
-  } else if (is_image_model(m.kind)) {
-    if (m.in_channels < 1) config_error("model.in_channels", std::to_string(m.in_channels) + " must be >= 1");
-    if (m.image_size < 1) config_error("model.image_size", std::to_string(m.image_size) + " must be >= 1");
-    if (m.num_classes < 2) config_error("model.num_classes", std::to_string(m.num_classes) + " must be >= 2");
-    auto templates = std::make_shared<const detail::ImageTemplates>(d.seed, m.in_channels, m.image_size, m.num_classes);
+  } else {
+    require_input(m, Input::kImages, d.kind, "tokens with next-token or masked-token targets, or images with labels");
+    if (m.height != m.width)
+      throw lt::ConfigError("synthetic images are square; the model takes " + m.describe());
+    if (m.num_classes < 2)
+      throw lt::ConfigError(model_value(m.num_classes_key, "classes", m.num_classes) + ": synthetic labels need >= 2");
+    auto templates = std::make_shared<const detail::ImageTemplates>(d.seed, m.channels, m.height, m.num_classes);
     out.train = std::make_shared<SyntheticImageDataset>("synthetic train", kStreamSynthTrain, train_n, d.seed, templates);
     out.eval = std::make_shared<SyntheticImageDataset>("synthetic eval", kStreamSynthEval, eval_n, d.seed, templates);
-  } else {
-    config_error("model.kind", quoted(m.kind) + " is not one of gpt | bert | resnet | mlp");
   }
   return out;
 }
 
 }  // namespace
 
-Datasets make_datasets(const lt::DataConfig& data, const lt::ModelConfig& model) {
-  if (data.limit < 0) config_error("data.limit", std::to_string(data.limit) + " must be >= 0 (0: all samples)");
+Datasets make_datasets(const DataConfig& data, const lt::InputContract& model) {
   if (data.kind == "fashion_mnist") return make_fashion_mnist(data, model);
   if (data.kind == "text") return make_text(data, model);
   if (data.kind == "synthetic") return make_synthetic(data, model);
   config_error("data.kind", quoted(data.kind) + " is not one of fashion_mnist | text | synthetic");
+}
+
+namespace {
+
+class FirstSamples final : public Dataset {
+ public:
+  FirstSamples(std::shared_ptr<const Dataset> inner, int64_t n) : inner_(std::move(inner)), n_(n) {}
+  int64_t size() const override { return n_; }
+  Batch get(const std::vector<int64_t>& indices, int64_t epoch) const override {
+    for (int64_t i : indices)
+      if (i < 0 || i >= n_)
+        throw std::out_of_range("the first " + std::to_string(n_) + " samples: index " + std::to_string(i) + " outside");
+    return inner_->get(indices, epoch);
+  }
+  std::string describe() const override {
+    return inner_->describe() + "; the first " + std::to_string(n_) + " used (data.limit)";
+  }
+  std::vector<std::string> fields() const override { return inner_->fields(); }
+
+ private:
+  std::shared_ptr<const Dataset> inner_;
+  int64_t n_;
+};
+
+}  // namespace
+
+std::shared_ptr<Dataset> first_samples(std::shared_ptr<Dataset> data, int64_t n) {
+  if (!data || n <= 0 || n >= data->size()) return data;
+  return std::make_shared<FirstSamples>(std::move(data), n);
 }
 
 }  // namespace lt::data

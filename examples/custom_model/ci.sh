@@ -26,6 +26,12 @@ train() {  # OUT [ARGS...]
 train whole
 train part --set train.steps=20
 train part --resume auto
+# A key tiny_vit does not have is a config error (exit 2) naming its keys.
+if "${mpi[@]}" "$pbuild/custom_model" --out "$tmp/bad" --set model.dpeth=6 > "$tmp/bad.log" 2>&1; then
+  fail "--set model.dpeth=6 was accepted"
+fi
+grep -q 'unknown key model.dpeth for model.kind = "tiny_vit"; its keys: image, patch' "$tmp/bad.log" \
+  || { cat "$tmp/bad.log"; fail "no config error naming tiny_vit's keys"; }
 grep -q "resumed from .*step-00000020.h5 at step 20" "$tmp/part.log" || { cat "$tmp/part.log"; fail "no resume at step 20"; }
 
 python3 - "$tmp/whole" "$tmp/part" <<'PY'
@@ -45,6 +51,11 @@ ea, eb = events(whole, "epoch")[-1], events(part, "epoch")[-1]
 assert ea["eval_loss"] == eb["eval_loss"], (ea["eval_loss"], eb["eval_loss"])
 cks = sorted(f for f in os.listdir(os.path.join(whole, "checkpoints")) if f.endswith(".h5"))
 assert cks == ["step-00000020.h5", "step-00000030.h5", "step-00000040.h5"], cks
+# The registered kinds' options, defaults included, are what config.json records.
+cfg = json.load(open(os.path.join(whole, "config.json")))
+assert cfg["model"] == {"kind": "tiny_vit", "image": 16, "patch": 4, "channels": 1, "classes": 4, "dim": 64,
+                        "heads": 4, "depth": 4}, cfg["model"]
+assert cfg["data"] == {"kind": "bars", "seed": 7, "limit": 0, "train_samples": 4096, "eval_samples": 512}, cfg["data"]
 print(f"example_custom_model: OK: loss {first:.4f} -> {last:.4f}, eval accuracy {ea['eval_accuracy']:.3f}, "
       f"steps 21-40 bitwise equal after resume, checkpoints {cks}")
 PY

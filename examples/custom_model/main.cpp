@@ -4,9 +4,11 @@
 //
 //   mpirun -np 2 custom_model --out runs/vit [--resume auto|PATH] [--set train.steps=60]...
 //
-// The config is leantrain's (every [train], [precision], [memory], [checkpoint], [comm] and
-// [log] key; --set overrides any of them). [model] and [data] describe leantrain's built-in
-// components and are not used here: the model and the data come from this file.
+// The model and the data are registered by name (register_components below), each with its
+// options table and the model's input contract, so the config picks them as it picks a
+// built-in: [model] kind = "tiny_vit", [data] kind = "bars". `--set model.depth=6` works,
+// `--set model.dpeth=6` is a config error listing tiny_vit's keys, and config.json records
+// every option. Nothing in leantrain names them.
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -15,6 +17,8 @@
 
 #include "bars_dataset.h"
 #include "leantrain/comm/communicator.h"
+#include "leantrain/data/registry.h"
+#include "leantrain/models/registry.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/log.h"
@@ -26,7 +30,11 @@
 namespace {
 
 const char* kConfig = R"(
+[model]
+kind = "tiny_vit"
+depth = 4
 [data]
+kind = "bars"
 seed = 7
 [train]
 global_batch = 32        # 2 ranks x micro-batch 8 x accumulation 2
@@ -47,6 +55,68 @@ every_steps = 10
 progress = "plain"
 every_steps = 10
 )";
+
+// tiny_vit's options, bound to TinyVitOptions (whose initializers are the defaults).
+lt::BoundOptions<example::TinyVitOptions> vit_options() {
+  using O = example::TinyVitOptions;
+  lt::BoundOptions<O> b;
+  b.add("image", &O::image, "input height = width", lt::rules::at_least(1))
+      .add("patch", &O::patch, "patch side; must divide image", lt::rules::at_least(1))
+      .add("channels", &O::channels, "input channels", lt::rules::at_least(1))
+      .add("classes", &O::classes, "output classes", lt::rules::at_least(2))
+      .add("dim", &O::dim, "width", lt::rules::at_least(1))
+      .add("heads", &O::heads, "attention heads; must divide dim", lt::rules::at_least(1))
+      .add("depth", &O::depth, "encoder blocks", lt::rules::at_least(1));
+  return b;
+}
+
+struct BarsOptions {
+  int64_t train_samples = 4096, eval_samples = 512;
+};
+
+void register_components() {
+  const auto vit = vit_options();
+  lt::models::ModelKind model;
+  model.name = "tiny_vit";
+  model.doc = "A small vision transformer (examples/custom_model/tiny_vit.h).";
+  model.options = vit.table();
+  model.check = [vit](const lt::Options& o) {
+    const auto v = vit.read(o);
+    if (v.image % v.patch != 0) throw lt::ConfigError("model.patch = " + std::to_string(v.patch) + ": must divide model.image");
+    if (v.dim % v.heads != 0) throw lt::ConfigError("model.heads = " + std::to_string(v.heads) + ": must divide model.dim");
+  };
+  model.contract = [vit](const lt::Options& o) {
+    const auto v = vit.read(o);
+    lt::InputContract c;  // images [B, channels, image, image] -> labels of `classes` classes
+    c.channels = v.channels;
+    c.height = c.width = v.image;
+    c.num_classes = v.classes;
+    c.channels_key = "model.channels";
+    c.size_key = "model.image";
+    c.num_classes_key = "model.classes";
+    return c;
+  };
+  model.build = [vit](const lt::Options& o) { return std::make_shared<example::TinyVit>(vit.read(o)); };
+  lt::models::register_model(std::move(model));
+
+  lt::BoundOptions<BarsOptions> bars;
+  bars.add("train_samples", &BarsOptions::train_samples, "training samples", lt::rules::at_least(1))
+      .add("eval_samples", &BarsOptions::eval_samples, "evaluation samples", lt::rules::at_least(1));
+  lt::data::DataKind data;
+  data.name = "bars";
+  data.doc = "Grey images of a bar in one of four orientations (examples/custom_model/bars_dataset.h).";
+  data.options = bars.table();
+  data.make = [bars](const lt::Options& o, uint64_t seed, const lt::InputContract& model) {
+    const auto b = bars.read(o);
+    if (model.input != lt::InputContract::Input::kImages || model.channels != 1 || model.height != model.width ||
+        model.num_classes != 4)
+      throw lt::ConfigError("data.kind = \"bars\" gives images [B,1,S,S] with labels of 4 classes; the model takes " +
+                            model.describe());
+    return lt::data::Datasets{std::make_shared<example::BarsDataset>(b.train_samples, seed, model.height),
+                              std::make_shared<example::BarsDataset>(b.eval_samples, seed + 1, model.height)};
+  };
+  lt::data::register_data(std::move(data));
+}
 
 int usage(const std::string& why) {
   std::cerr << "custom_model: " << why << "\nusage: custom_model --out DIR [--resume auto|PATH] [--set key=value]...\n";
@@ -74,20 +144,17 @@ int main(int argc, char** argv) {
   lt::log::init(world.rank, world.size, false);
   std::unique_ptr<lt::comm::Communicator> comm;
   try {
-    const lt::Config cfg = lt::parse_config(kConfig, "custom_model", sets);
-    // First the runtime context (device, threads, the CPU memory tracker), then the components.
+    register_components();
+    const lt::Config cfg = lt::trainers::resolve_components(lt::parse_config(kConfig, "custom_model", sets));
+    lt::validate(cfg, world.size);
+    // First the runtime context (device, threads, the CPU memory tracker), then the components
+    // (make_components seeds torch with data.seed: the same initial weights on every rank).
     const lt::RuntimeContext ctx = lt::make_runtime_context(cfg, world);
     comm = lt::comm::make_communicator(cfg.comm, ctx);
-    torch::manual_seed(cfg.data.seed);  // the same initial weights on every rank
-    example::TinyVitOptions vit;
-    lt::trainers::Components parts{std::make_shared<example::TinyVit>(vit),
-                                   std::make_shared<example::BarsDataset>(4096, cfg.data.seed, vit.image),
-                                   std::make_shared<example::BarsDataset>(512, cfg.data.seed + 1, vit.image),
-                                   "TinyVit"};
     lt::trainers::TrainerOptions opt;
     opt.out_dir = out;
     opt.start = start;
-    lt::trainers::Trainer trainer(cfg, parts, ctx, *comm, opt);
+    lt::trainers::Trainer trainer(cfg, lt::trainers::make_components(cfg), ctx, *comm, opt);
     const auto s = trainer.run();
     if (world.rank == 0)
       std::cout << "custom_model: " << s.steps << " steps, final loss " << s.final_loss << ", eval loss "

@@ -115,6 +115,12 @@ lt::trainers::Plan plan_and_report(const lt::Config& cfg, const lt::RuntimeConte
   return plan;
 }
 
+// The config with its [model] and [data] kinds resolved: unknown keys and bad values of a
+// kind's options fail here, before any device or thread is set up.
+lt::Config load_resolved(const std::string& path, const std::vector<std::string>& sets) {
+  return lt::trainers::resolve_components(lt::load_config(path, sets));
+}
+
 // The planner chooses train.micro_batch: the config's own need not divide the global batch.
 void validate_for_planning(lt::Config cfg, int world_size) {
   cfg.train.micro_batch = 1;
@@ -124,7 +130,7 @@ void validate_for_planning(lt::Config cfg, int world_size) {
 int run_plan(const std::string& config_path, std::vector<std::string> sets, std::string out, double margin) {
   const lt::World world = lt::detect_world();
   lt::log::init(world.rank, world.size, false);
-  lt::Config cfg = lt::load_config(config_path, sets);
+  lt::Config cfg = load_resolved(config_path, sets);
   validate_for_planning(cfg, world.size);
   const lt::RuntimeContext ctx = lt::make_runtime_context(cfg, world);
   if (out.empty()) out = default_out_dir(config_path);
@@ -149,7 +155,7 @@ int run_train(const std::string& config_path, std::vector<std::string> sets, std
               lt::trainers::StartOptions start, bool auto_plan) {
   const lt::World world = lt::detect_world();
   lt::log::init(world.rank, world.size, false);
-  lt::Config cfg = lt::load_config(config_path, sets);
+  lt::Config cfg = load_resolved(config_path, sets);
   lt::log::init(world.rank, world.size, cfg.log.all_ranks);
   if (out.empty()) out = default_out_dir(config_path);
   if (auto_plan) {
@@ -168,7 +174,7 @@ int run_train(const std::string& config_path, std::vector<std::string> sets, std
       // Note [--auto across ranks] (trainers/src/planner.cpp): rank 0 plans for every rank.
       const auto plan = plan_and_report(cfg, ctx, out, 0.10, false, comm.get());
       for (const auto& o : lt::trainers::plan_overrides(plan)) sets.push_back(o);
-      cfg = lt::load_config(config_path, sets);
+      cfg = load_resolved(config_path, sets);
       lt::validate(cfg, world.size);
       start.plan_event = lt::trainers::plan_event(plan);
     }
@@ -281,6 +287,9 @@ int main(int argc, char** argv) {
                      "A benchmark results file (JSON lines: bench, row, metric, value, baseline); docs/REPORT.md");
   report->add_option("--out", report_out, "Output folder (default: RUN_DIR/report; required with --bench)");
 
+  app.add_subcommand("options",
+                     "Print the options of every registered model and data kind (Markdown, as in docs/CONFIG.md)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -311,6 +320,10 @@ int main(int argc, char** argv) {
       return run_plan(plan_config, plan_sets, plan_out, plan_margin);
     }
     if (*inspect) return run_inspect(inspect_path, inspect_json);
+    if (app.got_subcommand("options")) {
+      std::cout << lt::trainers::registered_options_markdown();
+      return lt::kExitOk;
+    }
     if (*report) return run_report(report_run, report_bench, report_out);
     std::cout << app.help() << std::endl;
     return lt::kExitUsage;

@@ -1,4 +1,4 @@
-// The Model base, build_model, count_parameters, compute_loss, and the MLP.
+// The Model base, count_parameters, compute_loss, and the MLP.
 #include "leantrain/models/model.h"
 
 #include <sstream>
@@ -7,11 +7,8 @@
 #include <torch/torch.h>
 
 #include "leantrain/models/activation_checkpoint.h"
-#include "leantrain/models/bert.h"
-#include "leantrain/models/gpt.h"
 #include "leantrain/models/lm_loss.h"
 #include "leantrain/models/mlp.h"
-#include "leantrain/models/resnet.h"
 #include "leantrain/runtime/errors.h"
 
 namespace lt::models {
@@ -47,82 +44,6 @@ std::vector<std::string> Model::cheap_region_names() const {
   return names;
 }
 
-namespace {
-
-[[noreturn]] void fail(const std::string& key, const std::string& value, const std::string& why) {
-  throw lt::ConfigError("model." + key + " = " + value + ": " + why);
-}
-
-void require_positive(const std::string& key, int64_t v) {
-  if (v < 1) fail(key, std::to_string(v), "must be >= 1");
-}
-
-void require_dropout(double p) {
-  if (!(p >= 0.0 && p < 1.0)) {
-    std::ostringstream s;
-    s << p;
-    fail("dropout", s.str(), "must be in [0, 1)");
-  }
-}
-
-void check_transformer(const lt::ModelConfig& c) {
-  require_positive("vocab_size", c.vocab_size);
-  require_positive("seq_len", c.seq_len);
-  require_positive("n_layer", c.n_layer);
-  require_positive("n_head", c.n_head);
-  require_positive("d_model", c.d_model);
-  if (c.d_model % c.n_head != 0) {
-    fail("n_head", std::to_string(c.n_head),
-         "must divide model.d_model = " + std::to_string(c.d_model) +
-             " (each head gets d_model / n_head features)");
-  }
-  if (c.d_ff < 0) fail("d_ff", std::to_string(c.d_ff), "must be >= 1, or 0 for 4 * d_model");
-  require_dropout(c.dropout);
-}
-
-void check_images(const lt::ModelConfig& c) {
-  require_positive("in_channels", c.in_channels);
-  require_positive("image_size", c.image_size);
-  require_positive("num_classes", c.num_classes);
-}
-
-}  // namespace
-
-void check_model_config(const lt::ModelConfig& c) {
-  if (c.kind == "gpt") {
-    check_transformer(c);
-  } else if (c.kind == "bert") {
-    check_transformer(c);
-    require_positive("type_vocab_size", c.type_vocab_size);
-  } else if (c.kind == "resnet") {
-    check_images(c);
-    (void)resnet_layout(c);
-    require_positive("width", c.width);
-    if (c.stem != "imagenet" && c.stem != "small") {
-      fail("stem", "\"" + c.stem + "\"", "must be \"imagenet\" or \"small\"");
-    }
-  } else if (c.kind == "mlp") {
-    check_images(c);
-    for (size_t i = 0; i < c.hidden.size(); ++i) {
-      if (c.hidden[i] < 1) {
-        fail("hidden", "[... " + std::to_string(c.hidden[i]) + " ...]",
-             "every hidden width must be >= 1 (entry " + std::to_string(i) + ")");
-      }
-    }
-    require_dropout(c.dropout);
-  } else {
-    fail("kind", "\"" + c.kind + "\"", "must be one of gpt, bert, resnet, mlp");
-  }
-}
-
-std::shared_ptr<Model> build_model(const lt::ModelConfig& cfg) {
-  check_model_config(cfg);
-  if (cfg.kind == "gpt") return std::make_shared<GPT>(cfg);
-  if (cfg.kind == "bert") return std::make_shared<Bert>(cfg);
-  if (cfg.kind == "resnet") return std::make_shared<ResNet>(cfg);
-  return std::make_shared<MLP>(cfg);
-}
-
 int64_t count_parameters(const torch::nn::Module& m) {
   std::unordered_set<const c10::TensorImpl*> seen;
   int64_t n = 0;
@@ -134,6 +55,13 @@ int64_t count_parameters(const torch::nn::Module& m) {
 
 torch::Tensor Model::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
   return compute_loss(task(), forward(input).to(torch::kFloat), target);
+}
+
+torch::Tensor Model::forward_with(const torch::Tensor& input, const TensorMap& /*fields*/) { return forward(input); }
+
+torch::Tensor Model::forward_loss_with(const torch::Tensor& input, const torch::Tensor& target,
+                                       const TensorMap& /*fields*/) {
+  return forward_loss(input, target);
 }
 
 int64_t Model::loss_chunk_tokens(int64_t vocab) const {
@@ -175,7 +103,7 @@ torch::Tensor MLPBlockImpl::forward(const torch::Tensor& x) {
   return y;
 }
 
-MLP::MLP(const lt::ModelConfig& cfg)
+MLP::MLP(const lt::models::ModelConfig& cfg)
     : in_features_(cfg.in_channels * cfg.image_size * cfg.image_size) {
   int64_t in = in_features_;
   for (int64_t h : cfg.hidden) {

@@ -23,7 +23,7 @@ std::string join(const std::vector<int64_t>& v) {
 
 }  // namespace
 
-std::pair<std::vector<int64_t>, std::string> resnet_layout(const lt::ModelConfig& c) {
+std::pair<std::vector<int64_t>, std::string> resnet_layout(const lt::models::ModelConfig& c) {
   if (c.depth == 0) {
     if (c.layers.empty()) {
       throw lt::ConfigError(
@@ -152,7 +152,7 @@ torch::Tensor ResNetStemImpl::forward(const torch::Tensor& x) {
   return y;
 }
 
-ResNet::ResNet(const lt::ModelConfig& cfg) {
+ResNet::ResNet(const lt::models::ModelConfig& cfg) {
   auto [layers, block] = resnet_layout(cfg);
   stage_blocks_ = layers;
   const bool bottleneck = block == "bottleneck";

@@ -75,7 +75,7 @@ void init_transformer_weights(torch::nn::Module& m, double std) {
 
 namespace {
 
-int64_t ff_width(const lt::ModelConfig& cfg) { return cfg.d_ff > 0 ? cfg.d_ff : 4 * cfg.d_model; }
+int64_t ff_width(const lt::models::ModelConfig& cfg) { return cfg.d_ff > 0 ? cfg.d_ff : 4 * cfg.d_model; }
 
 torch::nn::LayerNorm layer_norm(int64_t d, double eps) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(eps));
@@ -109,7 +109,7 @@ torch::Tensor GPTBlockImpl::forward(const torch::Tensor& x) {
   return h + lt::models::dropout(mlp->forward(ln2(h)), dropout_, train);
 }
 
-GPT::GPT(const lt::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dropout) {
+GPT::GPT(const lt::models::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dropout) {
   wte = register_module("wte", torch::nn::Embedding(cfg.vocab_size, cfg.d_model));
   wpe = register_module("wpe", torch::nn::Embedding(cfg.seq_len, cfg.d_model));
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
@@ -171,7 +171,7 @@ torch::Tensor MLMHeadImpl::forward(const torch::Tensor& x, const torch::Tensor& 
   return torch::linear(transform(x), decoder_weight, bias);
 }
 
-Bert::Bert(const lt::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dropout) {
+Bert::Bert(const lt::models::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dropout) {
   tok_emb = register_module("tok_emb", torch::nn::Embedding(cfg.vocab_size, cfg.d_model));
   pos_emb = register_module("pos_emb", torch::nn::Embedding(cfg.seq_len, cfg.d_model));
   type_emb = register_module("type_emb", torch::nn::Embedding(cfg.type_vocab_size, cfg.d_model));

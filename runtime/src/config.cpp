@@ -29,8 +29,6 @@ struct Field {
 };
 
 std::vector<Field> fields_of(Config& c) {
-  auto& m = c.model;
-  auto& d = c.data;
   auto& t = c.train;
   auto& p = c.precision;
   auto& mem = c.memory;
@@ -38,19 +36,10 @@ std::vector<Field> fields_of(Config& c) {
   auto& cm = c.comm;
   auto& l = c.log;
   return {
-      {"model", "kind", &m.kind}, {"model", "vocab_size", &m.vocab_size},
-      {"model", "seq_len", &m.seq_len}, {"model", "n_layer", &m.n_layer},
-      {"model", "n_head", &m.n_head}, {"model", "d_model", &m.d_model},
-      {"model", "d_ff", &m.d_ff}, {"model", "type_vocab_size", &m.type_vocab_size},
-      {"model", "dropout", &m.dropout}, {"model", "depth", &m.depth},
-      {"model", "layers", &m.layers}, {"model", "block", &m.block},
-      {"model", "width", &m.width}, {"model", "stem", &m.stem},
-      {"model", "memory_format", &m.memory_format},
-      {"model", "in_channels", &m.in_channels}, {"model", "image_size", &m.image_size},
-      {"model", "num_classes", &m.num_classes}, {"model", "hidden", &m.hidden},
-      {"data", "kind", &d.kind}, {"data", "path", &d.path}, {"data", "seed", &d.seed},
-      {"data", "eval_fraction", &d.eval_fraction}, {"data", "mask_prob", &d.mask_prob},
-      {"data", "synthetic_samples", &d.synthetic_samples}, {"data", "limit", &d.limit},
+      // [model] and [data]: the kind, and the keys every data kind shares; the rest of each
+      // section is the kind's own options (component_options below).
+      {"model", "kind", &c.model.kind},
+      {"data", "kind", &c.data.kind}, {"data", "seed", &c.data.seed}, {"data", "limit", &c.data.limit},
       {"train", "global_batch", &t.global_batch}, {"train", "micro_batch", &t.micro_batch},
       {"train", "steps", &t.steps}, {"train", "epochs", &t.epochs},
       {"train", "optimizer", &t.optimizer}, {"train", "lr", &t.lr},
@@ -80,6 +69,14 @@ std::vector<Field> fields_of(Config& c) {
       {"log", "every_steps", &l.every_steps}, {"log", "progress", &l.progress},
       {"log", "all_ranks", &l.all_ranks},
   };
+}
+
+// The options of a component section ([model], [data]): keys the field table does not list go
+// there as given, for the kind's table to check. Null for the other sections.
+Options* component_options(Config& c, const std::string& section) {
+  if (section == "model") return &c.model.options;
+  if (section == "data") return &c.data.options;
+  return nullptr;
 }
 
 std::string type_name(const FieldRef& r) {
@@ -146,6 +143,23 @@ void assign(const Field& f, const toml::node& n, const std::string& where) {
   }
 }
 
+// A TOML value as a component option (its TOML type; arrays of integers only).
+OptionValue option_of(const toml::node& n, const std::string& name, const std::string& where) {
+  if (n.is_boolean()) return n.as_boolean()->get();
+  if (n.is_integer()) return n.as_integer()->get();
+  if (n.is_floating_point()) return n.as_floating_point()->get();
+  if (n.is_string()) return n.as_string()->get();
+  if (n.is_array()) {
+    std::vector<int64_t> out;
+    for (const auto& e : *n.as_array()) {
+      if (!e.is_integer()) throw ConfigError(where + name + ": expected an array of integers, got an array holding " + node_type(e));
+      out.push_back(e.as_integer()->get());
+    }
+    return out;
+  }
+  throw ConfigError(where + name + ": expected a value, got " + node_type(n));
+}
+
 std::string known_keys(const std::vector<Field>& fs, const std::string& section) {
   std::string out;
   for (const auto& f : fs)
@@ -192,7 +206,7 @@ class Spellings {
   std::map<const void*, std::pair<std::string, nlohmann::json>> seen_;
 };
 
-void apply_table(const toml::table& root, std::vector<Field>& fs, const std::string& src) {
+void apply_table(const toml::table& root, std::vector<Field>& fs, Config& cfg, const std::string& src) {
   const std::string where = src + ": ";
   Spellings spellings(where);
   for (const auto& [sec_key, sec_node] : root) {
@@ -204,6 +218,11 @@ void apply_table(const toml::table& root, std::vector<Field>& fs, const std::str
                         node_type(sec_node));
     for (const auto& [key, node] : *sec_node.as_table()) {
       const Field* f = find_field(fs, section, std::string(key.str()));
+      if (!f && component_options(cfg, section)) {
+        const std::string k(key.str());
+        component_options(cfg, section)->set(k, option_of(node, section + "." + k, where));
+        continue;
+      }
       if (!f)
         throw ConfigError(where + "unknown key " + section + "." + std::string(key.str()) +
                           "; allowed in [" + section + "]: " + known_keys(fs, section));
@@ -213,7 +232,7 @@ void apply_table(const toml::table& root, std::vector<Field>& fs, const std::str
   }
 }
 
-void apply_override(const std::string& kv, std::vector<Field>& fs, Spellings& spellings) {
+void apply_override(const std::string& kv, std::vector<Field>& fs, Config& cfg, Spellings& spellings) {
   const auto eq = kv.find('=');
   const auto dot = kv.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq)
@@ -222,7 +241,7 @@ void apply_override(const std::string& kv, std::vector<Field>& fs, Spellings& sp
   const std::string key = kv.substr(dot + 1, eq - dot - 1);
   const std::string value = kv.substr(eq + 1);
   const Field* f = find_field(fs, section, key);
-  if (!f) {
+  if (!f && !component_options(cfg, section)) {
     if (known_keys(fs, section).empty())
       throw ConfigError("--set " + kv + ": unknown section '" + section +
                         "'; allowed: " + known_sections(fs));
@@ -235,6 +254,10 @@ void apply_override(const std::string& kv, std::vector<Field>& fs, Spellings& sp
     t = toml::parse("v = " + value);
   } catch (const toml::parse_error&) {
     t = toml::table{{"v", value}};
+  }
+  if (!f) {
+    component_options(cfg, section)->set(key, option_of(*t.get("v"), section + "." + key, "--set "));
+    return;
   }
   assign(*f, *t.get("v"), "--set ");
   spellings.assigned(*f);
@@ -282,9 +305,9 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
     throw ConfigError(source_name + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) +
                       ": TOML syntax error: " + std::string(e.description()));
   }
-  apply_table(root, fs, source_name);
+  apply_table(root, fs, cfg, source_name);
   Spellings spellings("--set: ");
-  for (const auto& kv : overrides) apply_override(kv, fs, spellings);
+  for (const auto& kv : overrides) apply_override(kv, fs, cfg, spellings);
   return cfg;
 }
 
@@ -323,30 +346,7 @@ int64_t accumulation_steps(const TrainConfig& t, int world_size) {
 }
 
 void validate(const Config& c, int world_size) {
-  const auto& m = c.model;
-  one_of("model.kind", m.kind, {"gpt", "bert", "resnet", "mlp"});
-  for (auto [k, v] : {std::pair{"model.vocab_size", m.vocab_size}, {"model.seq_len", m.seq_len},
-                      {"model.n_layer", m.n_layer}, {"model.n_head", m.n_head},
-                      {"model.d_model", m.d_model}, {"model.type_vocab_size", m.type_vocab_size},
-                      {"model.width", m.width}, {"model.in_channels", m.in_channels},
-                      {"model.image_size", m.image_size}, {"model.num_classes", m.num_classes}})
-    positive(k, v);
-  non_negative("model.d_ff", m.d_ff);
-  non_negative("model.depth", m.depth);
-  if (!(m.dropout >= 0 && m.dropout < 1)) bad("model.dropout", std::to_string(m.dropout), "must be in [0, 1)");
-  one_of("model.block", m.block, {"basic", "bottleneck"});
-  one_of("model.stem", m.stem, {"imagenet", "small"});
-  one_of("model.memory_format", m.memory_format, {"channels_last", "contiguous"});
-  if (m.kind == "resnet" && m.depth == 0 && m.layers.empty())
-    bad("model.layers", "[]", "give blocks per stage (e.g. [2, 2]) when model.depth = 0");
-  for (int64_t v : m.layers) positive("model.layers[]", v);
-  for (int64_t v : m.hidden) positive("model.hidden[]", v);
-
-  const auto& d = c.data;
-  one_of("data.kind", d.kind, {"fashion_mnist", "text", "synthetic"});
-  positive("data.synthetic_samples", d.synthetic_samples);
-  if (d.kind != "synthetic" && d.path.empty())
-    bad("data.path", "''", "give the data file or directory for data.kind = " + quote(d.kind));
+  non_negative("data.limit", c.data.limit);
 
   const auto& t = c.train;
   positive("train.global_batch", t.global_batch);
@@ -420,6 +420,9 @@ std::string config_to_json(const Config& cfg) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& f : fields_of(copy))
     if (!f.alias) j[f.section][f.key] = to_json(f);
+  for (const char* section : {"model", "data"})
+    for (const auto& [key, value] : component_options(copy, section)->values())
+      j[section][key] = std::visit([](const auto& v) { return nlohmann::json(v); }, value);
   return j.dump();
 }
 

@@ -20,17 +20,18 @@
 
 #include "leantrain/checkpoint_io/checkpoint.h"
 #include "leantrain/models/model.h"
+#include "leantrain/models/registry.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/trainers/checkpointing.h"
 
 namespace {
 
-/// The ModelConfig a checkpoint was trained with. Each key of its model_config JSON becomes
+/// The [model] section a checkpoint was trained with. Each key of its model_config JSON becomes
 /// a `model.<key>=<value>` override (JSON scalars, strings and arrays are TOML values too),
-/// so the config parser's own key and type checks apply, and keys missing from an older
-/// file keep lt::ModelConfig's defaults.
-lt::ModelConfig model_config_of(const lt::checkpoint_io::Checkpoint& c, const std::string& path) {
+/// so the config parser and the kind's table check keys and types, and keys missing from an
+/// older file take the kind's defaults.
+lt::ModelSection model_config_of(const lt::checkpoint_io::Checkpoint& c, const std::string& path) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(c.model_config);
@@ -41,13 +42,14 @@ lt::ModelConfig model_config_of(const lt::checkpoint_io::Checkpoint& c, const st
     throw lt::checkpoint_io::CheckpointError(path + ": attribute model_config is not a JSON object");
   std::vector<std::string> sets;
   for (const auto& [key, value] : j.items()) sets.push_back("model." + key + "=" + value.dump());
-  return lt::parse_config("", path + " (model_config)", sets).model;
+  return lt::models::resolve_model(lt::parse_config("", path + " (model_config)", sets).model);
 }
 
-torch::Tensor deterministic_input(const lt::ModelConfig& m, int64_t batch, uint64_t seed) {
+torch::Tensor deterministic_input(const lt::InputContract& m, int64_t batch, uint64_t seed) {
   torch::manual_seed(seed);
-  if (m.kind == "gpt" || m.kind == "bert") return torch::randint(0, m.vocab_size, {batch, m.seq_len}, torch::kLong);
-  return torch::randn({batch, m.in_channels, m.image_size, m.image_size});
+  if (m.input == lt::InputContract::Input::kTokens)
+    return torch::randint(0, m.vocab_size, {batch, m.seq_len}, torch::kLong);
+  return torch::randn({batch, m.channels, m.height, m.width});
 }
 
 int usage(const std::string& why) {
@@ -86,7 +88,7 @@ int main(int argc, char** argv) {
     torch::NoGradGuard no_grad;
     for (auto& nt : expected) nt.tensor.copy_(*saved.at(nt.name));
     model->eval();
-    const auto input = deterministic_input(mcfg, batch, seed);
+    const auto input = deterministic_input(lt::models::model_contract(mcfg), batch, seed);
     const auto output = model->forward(input).to(torch::kFloat).contiguous();
     lt::checkpoint_io::write_tensor_file(io_path, {{"input", input}, {"output", output}});
     std::cout << ckpt_path << " (" << mcfg.kind << ", step " << c.step << "): input " << input.sizes() << " -> output "

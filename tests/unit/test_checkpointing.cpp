@@ -19,11 +19,11 @@ namespace {
 
 using lt::models::CheckpointPolicy;
 
-lt::ModelConfig tiny(const std::string& kind_name) {
+lt::models::ModelConfig tiny(const std::string& kind_name) {
   // "resnet_bottleneck": ResNet-50's shape (imagenet stem with max-pool, bottleneck blocks,
   // a downsample in every stage's first block) at a size that runs in milliseconds.
   const std::string kind = kind_name == "resnet_bottleneck" ? "resnet" : kind_name;
-  lt::ModelConfig c;
+  lt::models::ModelConfig c;
   c.kind = kind;
   c.vocab_size = 64;
   c.seq_len = 16;
@@ -53,7 +53,7 @@ lt::ModelConfig tiny(const std::string& kind_name) {
   return c;
 }
 
-std::pair<torch::Tensor, torch::Tensor> batch_for(const lt::ModelConfig& c) {
+std::pair<torch::Tensor, torch::Tensor> batch_for(const lt::models::ModelConfig& c) {
   torch::manual_seed(7);
   if (c.kind == "gpt" || c.kind == "bert") {
     auto x = torch::randint(0, c.vocab_size, {3, c.seq_len});
@@ -71,7 +71,7 @@ struct Run {
 // (two micro-batches); or autograd::grad, which returns them.
 enum class Differentiate { kBackward, kBackwardTwice, kAutogradGrad };
 
-Run run(const lt::ModelConfig& c, const std::string& policy, const std::string& precision = "fp32",
+Run run(const lt::models::ModelConfig& c, const std::string& policy, const std::string& precision = "fp32",
         Differentiate how = Differentiate::kBackward) {
   torch::manual_seed(1);
   auto model = lt::models::build_model(c);
@@ -715,7 +715,7 @@ TEST(CheckpointPolicy, ParsesAndRejects) {
 
 // Peak bytes above the start of forward, over forward + backward. `unpacked`: ResNet's
 // `full` units with their block inputs kept whole (as before Note [Packed block inputs]).
-int64_t activation_peak(const lt::ModelConfig& c, const std::string& policy, bool unpacked = false) {
+int64_t activation_peak(const lt::models::ModelConfig& c, const std::string& policy, bool unpacked = false) {
   torch::manual_seed(1);
   auto model = lt::models::build_model(c);
   model->train();
@@ -743,7 +743,7 @@ int64_t activation_peak(const lt::ModelConfig& c, const std::string& policy, boo
 
 // none > selective > full, each at least 20% below the one before; the peaks go to the
 // test's XML properties.
-void expect_memory_ordering(const lt::ModelConfig& c) {
+void expect_memory_ordering(const lt::models::ModelConfig& c) {
   const auto none = activation_peak(c, "none"), sel = activation_peak(c, "selective"),
              full = activation_peak(c, "full");
   ::testing::Test::RecordProperty("none", std::to_string(none));
@@ -754,7 +754,7 @@ void expect_memory_ordering(const lt::ModelConfig& c) {
 }
 
 TEST(Checkpoint, MemoryOrderingNoneSelectiveFull) {
-  lt::ModelConfig c = tiny("gpt");
+  lt::models::ModelConfig c = tiny("gpt");
   c.seq_len = 256;
   c.d_model = 64;
   c.n_head = 4;
@@ -767,7 +767,7 @@ TEST(Checkpoint, MemoryOrderingNoneSelectiveFull) {
 // (1/8 of its channels) and 128x128 images (smaller images let the weight gradients in
 // flight dominate).: the stem and first stage hold most activations, so selective sits well below none.
 TEST(Checkpoint, MemoryOrderingNoneSelectiveFullResNet) {
-  lt::ModelConfig c = tiny("resnet_bottleneck");
+  lt::models::ModelConfig c = tiny("resnet_bottleneck");
   c.layers = {3, 4, 6, 3};
   c.width = 8;
   c.image_size = 128;
@@ -779,7 +779,7 @@ TEST(Checkpoint, MemoryOrderingNoneSelectiveFullResNet) {
 // ResNet-50 at micro-batch 8: 16%). Memory repeats to the byte, so the margin is not noise.
 // 224x224 images, so that activations and not weight gradients make the peak.
 TEST(Checkpoint, PackedBlockInputsLowerResNetFullPeak) {
-  lt::ModelConfig c = tiny("resnet_bottleneck");
+  lt::models::ModelConfig c = tiny("resnet_bottleneck");
   c.layers = {3, 4, 6, 3};
   c.width = 8;
   c.image_size = 224;

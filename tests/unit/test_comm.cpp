@@ -237,7 +237,7 @@ TEST(GradientSyncOverlap, MatchesNonOverlappedBitwiseAndEarlierMicroBatchesAreSi
 // activation checkpointing, where backward re-enters: every hook fires once (a second
 // firing throws), buckets start inside backward, and the sums match the non-overlapped path.
 TEST(GradientSyncOverlap, TiedEmbeddingUnderActivationCheckpointing) {
-  lt::ModelConfig cfg;
+  lt::models::ModelConfig cfg;
   cfg.kind = "gpt";
   cfg.vocab_size = 96;
   cfg.seq_len = 16;

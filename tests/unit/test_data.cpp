@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "leantrain/data/data.h"
+#include "leantrain/models/registry.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/errors.h"
 
@@ -93,8 +94,16 @@ std::vector<int64_t> iota(int64_t n) {
   return v;
 }
 
-lt::ModelConfig lm_model(const std::string& kind, int64_t seq_len, int64_t vocab) {
-  lt::ModelConfig m;
+// The built-in datasets for a built-in model's contract, data.limit applied as the data
+// registry applies it.
+Datasets make_datasets(const lt::data::DataConfig& d, const lt::models::ModelConfig& m, int64_t limit = 0) {
+  Datasets ds = lt::data::make_datasets(d, lt::models::model_contract(m));
+  ds.train = first_samples(ds.train, limit);
+  return ds;
+}
+
+lt::models::ModelConfig lm_model(const std::string& kind, int64_t seq_len, int64_t vocab) {
+  lt::models::ModelConfig m;
   m.kind = kind;
   m.seq_len = seq_len;
   m.vocab_size = vocab;
@@ -310,7 +319,7 @@ TEST(Sampling, MicroBatchUnionIndependentOfLayout) {
 TEST(TextDataset, GptWindows) {
   TempDir dir;
   const std::string corpus = pattern_corpus(1000);
-  lt::DataConfig d;
+  lt::data::DataConfig d;
   d.kind = "text";
   d.path = dir.file("corpus.txt", corpus);
   d.eval_fraction = 0.1;  // last 100 bytes
@@ -332,9 +341,11 @@ TEST(TextDataset, GptWindows) {
   EXPECT_EQ(row(ds.eval->get({0}, 0).input, 0)[0], 900 % 251);
   EXPECT_THROW(ds.train->get({ds.train->size()}, 0), std::out_of_range);
 
-  d.limit = 5;
-  EXPECT_EQ(make_datasets(d, lm_model("gpt", 16, 256)).train->size(), 5);
-  d.limit = 0;
+  const auto first5 = make_datasets(d, lm_model("gpt", 16, 256), 5).train;
+  EXPECT_EQ(first5->size(), 5);
+  EXPECT_TRUE(torch::equal(first5->get({4}, 0).input, ds.train->get({4}, 0).input));
+  EXPECT_THROW(first5->get({5}, 0), std::out_of_range);
+  EXPECT_NE(first5->describe().find("the first 5 used (data.limit)"), std::string::npos) << first5->describe();
   d.eval_fraction = 0.0;
   EXPECT_EQ(make_datasets(d, lm_model("gpt", 16, 256)).eval, nullptr);
   d.eval_fraction = 0.01;  // 10 bytes: no room for a 17-byte window
@@ -348,7 +359,7 @@ TEST(TextDataset, GptWindows) {
 TEST(TextDataset, BertMasking) {
   TempDir dir;
   const std::string corpus = pattern_corpus(40000);
-  lt::DataConfig d;
+  lt::data::DataConfig d;
   d.kind = "text";
   d.path = dir.file("corpus.txt", corpus);
   d.mask_prob = 0.15;
@@ -387,7 +398,7 @@ TEST(TextDataset, BertMasking) {
 
 TEST(TextDataset, BertMaskDependsOnlyOnSeedEpochIndex) {
   TempDir dir;
-  lt::DataConfig d;
+  lt::data::DataConfig d;
   d.kind = "text";
   d.path = dir.file("corpus.txt", pattern_corpus(5000));
   const auto ds = make_datasets(d, lm_model("bert", 32, 257));
@@ -402,7 +413,7 @@ TEST(TextDataset, BertMaskDependsOnlyOnSeedEpochIndex) {
   const auto idx = iota(20);
   EXPECT_FALSE(torch::equal(ds.train->get(idx, 1).target, ds.train->get(idx, 2).target));
   // Another seed too.
-  lt::DataConfig d2 = d;
+  lt::data::DataConfig d2 = d;
   d2.seed = d.seed + 1;
   EXPECT_FALSE(torch::equal(make_datasets(d2, lm_model("bert", 32, 257)).train->get(idx, 1).target,
                             ds.train->get(idx, 1).target));
@@ -412,49 +423,49 @@ TEST(TextDataset, BertMaskDependsOnlyOnSeedEpochIndex) {
 // make_datasets: pairing and path errors
 
 TEST(MakeDatasets, ConfigErrorsNameTheKey) {
-  lt::DataConfig d;  // fashion_mnist by default
-  lt::ModelConfig gpt = lm_model("gpt", 16, 256);
+  lt::data::DataConfig d;  // fashion_mnist by default
+  lt::models::ModelConfig gpt = lm_model("gpt", 16, 256);
   EXPECT_THROW(make_datasets(d, gpt), lt::ConfigError);
-  EXPECT_NE(error_message_of([&] { make_datasets(d, gpt); }).find("model.kind"), std::string::npos);
+  // Data and model meet through the contract: the message says what each side has.
+  const std::string pairing = error_message_of([&] { make_datasets(d, gpt); });
+  EXPECT_NE(pairing.find("data.kind = 'fashion_mnist' gives images [B,1,28,28]"), std::string::npos) << pairing;
+  EXPECT_NE(pairing.find("the model takes tokens [B,16]"), std::string::npos) << pairing;
 
-  lt::ModelConfig mlp;
+  lt::models::ModelConfig mlp;
   mlp.kind = "mlp";
-  lt::DataConfig missing = d;
+  lt::data::DataConfig missing = d;
   missing.path = "/nonexistent/lt-fashion";
   EXPECT_THROW(make_datasets(missing, mlp), lt::ConfigError);
   const std::string msg = error_message_of([&] { make_datasets(missing, mlp); });
   EXPECT_NE(msg.find("data.path"), std::string::npos) << msg;
   EXPECT_NE(msg.find("/nonexistent/lt-fashion"), std::string::npos) << msg;
 
-  lt::DataConfig text;
+  lt::data::DataConfig text;
   text.kind = "text";
   text.path = "/nonexistent/corpus.txt";
   EXPECT_NE(error_message_of([&] { make_datasets(text, gpt); }).find("data.path"), std::string::npos);
-  EXPECT_NE(error_message_of([&] { make_datasets(text, mlp); }).find("model.kind"), std::string::npos);
+  EXPECT_NE(error_message_of([&] { make_datasets(text, mlp); }).find("the model takes images [B,1,28,28]"),
+            std::string::npos);
 
-  lt::ModelConfig rgb = mlp;
+  lt::models::ModelConfig rgb = mlp;
   rgb.in_channels = 3;
   EXPECT_NE(error_message_of([&] { make_datasets(d, rgb); }).find("model.in_channels"), std::string::npos);
-  lt::ModelConfig classes = mlp;
+  lt::models::ModelConfig classes = mlp;
   classes.num_classes = 100;
   EXPECT_NE(error_message_of([&] { make_datasets(d, classes); }).find("model.num_classes"), std::string::npos);
 
-  lt::DataConfig bad_kind = d;
+  lt::data::DataConfig bad_kind = d;
   bad_kind.kind = "imagenet";
   EXPECT_NE(error_message_of([&] { make_datasets(bad_kind, mlp); }).find("data.kind"), std::string::npos);
-  lt::DataConfig neg = d;
-  neg.limit = -1;
-  EXPECT_NE(error_message_of([&] { make_datasets(neg, mlp); }).find("data.limit"), std::string::npos);
 }
 
 TEST(MakeDatasets, FashionMnist) {
   if (!path_exists(kFashion)) GTEST_SKIP() << kFashion << " not installed";
-  lt::DataConfig d;
+  lt::data::DataConfig d;
   d.path = kFashion;
-  d.limit = 1000;
-  lt::ModelConfig m;
+  lt::models::ModelConfig m;
   m.kind = "resnet";
-  const auto ds = make_datasets(d, m);
+  const auto ds = make_datasets(d, m, 1000);
   EXPECT_EQ(ds.train->size(), 1000);
   EXPECT_EQ(ds.eval->size(), 10000);
   EXPECT_NE(ds.eval->describe().find("10000 images 1x28x28, 10 classes"), std::string::npos)
@@ -476,7 +487,7 @@ TEST(MakeDatasets, FashionMnist) {
 // Synthetic datasets
 
 TEST(Synthetic, LanguageModels) {
-  lt::DataConfig d;
+  lt::data::DataConfig d;
   d.kind = "synthetic";
   d.synthetic_samples = 100;
   const auto gpt = make_datasets(d, lm_model("gpt", 32, 50));
@@ -501,8 +512,7 @@ TEST(Synthetic, LanguageModels) {
   EXPECT_FALSE(torch::equal(b.input, gpt.eval->get(iota(10), 0).input));  // eval is a different stream
 
   d.synthetic_samples = 1000;
-  d.limit = 10;
-  const auto bert = make_datasets(d, lm_model("bert", 32, 50));
+  const auto bert = make_datasets(d, lm_model("bert", 32, 50), 10);
   EXPECT_EQ(bert.train->size(), 10);
   EXPECT_EQ(bert.eval->size(), 125);
   const Batch m = bert.train->get(iota(10), 0);
@@ -513,10 +523,10 @@ TEST(Synthetic, LanguageModels) {
 }
 
 TEST(Synthetic, Images) {
-  lt::DataConfig d;
+  lt::data::DataConfig d;
   d.kind = "synthetic";
   d.synthetic_samples = 1000;
-  lt::ModelConfig m;
+  lt::models::ModelConfig m;
   m.kind = "resnet";
   m.in_channels = 3;
   m.image_size = 32;
@@ -539,7 +549,7 @@ TEST(Synthetic, Images) {
   EXPECT_TRUE(torch::equal(again.input[0], b.input[3]));
   EXPECT_TRUE(torch::equal(again.target[1], b.target[1]));
 
-  lt::ModelConfig mlp = m;
+  lt::models::ModelConfig mlp = m;
   mlp.kind = "mlp";
   mlp.in_channels = 1;
   mlp.image_size = 28;

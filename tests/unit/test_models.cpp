@@ -23,8 +23,8 @@ namespace lm = lt::models;
 
 namespace {
 
-lt::ModelConfig gpt_cfg(int64_t vocab, int64_t seq, int64_t layers, int64_t heads, int64_t d) {
-  lt::ModelConfig c;
+lt::models::ModelConfig gpt_cfg(int64_t vocab, int64_t seq, int64_t layers, int64_t heads, int64_t d) {
+  lt::models::ModelConfig c;
   c.kind = "gpt";
   c.vocab_size = vocab;
   c.seq_len = seq;
@@ -34,16 +34,16 @@ lt::ModelConfig gpt_cfg(int64_t vocab, int64_t seq, int64_t layers, int64_t head
   return c;
 }
 
-lt::ModelConfig tiny_gpt() { return gpt_cfg(37, 16, 3, 2, 32); }
+lt::models::ModelConfig tiny_gpt() { return gpt_cfg(37, 16, 3, 2, 32); }
 
-lt::ModelConfig tiny_bert() {
+lt::models::ModelConfig tiny_bert() {
   auto c = gpt_cfg(41, 16, 2, 4, 32);
   c.kind = "bert";
   return c;
 }
 
-lt::ModelConfig resnet_cfg(int64_t depth) {
-  lt::ModelConfig c;
+lt::models::ModelConfig resnet_cfg(int64_t depth) {
+  lt::models::ModelConfig c;
   c.kind = "resnet";
   c.depth = depth;
   c.in_channels = 3;
@@ -53,8 +53,8 @@ lt::ModelConfig resnet_cfg(int64_t depth) {
   return c;
 }
 
-lt::ModelConfig tiny_resnet_small() {
-  lt::ModelConfig c;
+lt::models::ModelConfig tiny_resnet_small() {
+  lt::models::ModelConfig c;
   c.kind = "resnet";
   c.depth = 0;
   c.layers = {1, 2};
@@ -77,7 +77,7 @@ void expect_near_rel(int64_t got, double want, double rel, const char* what) {
   EXPECT_NEAR(static_cast<double>(got), want, want * rel) << what;
 }
 
-void expect_config_error(const lt::ModelConfig& c, const std::string& key) {
+void expect_config_error(const lt::models::ModelConfig& c, const std::string& key) {
   try {
     lm::build_model(c);
     ADD_FAILURE() << "expected a ConfigError naming " << key;
@@ -164,7 +164,7 @@ TEST(ModelsForward, Shapes) {
     EXPECT_EQ(params["fc.weight"].sizes(), (std::vector<int64_t>{10, 64}));
   }
   {
-    lt::ModelConfig c;  // mlp defaults: 1x28x28, hidden {256, 256}, 10 classes
+    lt::models::ModelConfig c;  // mlp defaults: 1x28x28, hidden {256, 256}, 10 classes
     c.hidden = {32, 16, 8};
     c.dropout = 0.1;
     auto m = lm::build_model(c);
@@ -217,11 +217,11 @@ TEST(ModelsForward, BertTiedDecoder) {
 
 TEST(ModelsBlocks, RunnerCalledOncePerBlockSameOutput) {
   torch::manual_seed(2);
-  std::vector<std::pair<lt::ModelConfig, torch::Tensor>> cases;
+  std::vector<std::pair<lt::models::ModelConfig, torch::Tensor>> cases;
   cases.emplace_back(tiny_gpt(), torch::randint(37, {2, 16}, torch::kLong));
   cases.emplace_back(tiny_bert(), torch::randint(41, {2, 16}, torch::kLong));
   cases.emplace_back(tiny_resnet_small(), torch::randn({2, 1, 28, 28}));
-  lt::ModelConfig mlp;
+  lt::models::ModelConfig mlp;
   mlp.hidden = {16, 16};
   cases.emplace_back(mlp, torch::randn({3, 1, 28, 28}));
   for (auto& [cfg, input] : cases) {
@@ -412,7 +412,7 @@ TEST(ModelsNames, Documented) {
   EXPECT_EQ(want_buffers.size(), 3u * (1u + 16u * 3u + 4u));  // stem, 3 per bottleneck, 4 downsamplings
   EXPECT_EQ(buffer_names(*rn), want_buffers);
 
-  lt::ModelConfig mlp;
+  lt::models::ModelConfig mlp;
   mlp.hidden = {8, 4};
   expect_documented(*lm::build_model(mlp), "models/include/leantrain/models/mlp.h");
   EXPECT_EQ(param_names(*lm::build_model(mlp)).size(), 6u);
@@ -468,10 +468,10 @@ TEST(ModelsConfig, BadValuesNameTheKey) {
   c = tiny_resnet_small();
   c.layers = {2, 0};
   expect_config_error(c, "model.layers");
-  lt::ModelConfig mlp;
+  lt::models::ModelConfig mlp;
   mlp.hidden = {16, 0};
   expect_config_error(mlp, "model.hidden");
-  mlp = lt::ModelConfig();
+  mlp = lt::models::ModelConfig();
   mlp.num_classes = 0;
   expect_config_error(mlp, "model.num_classes");
 }
@@ -516,7 +516,7 @@ TEST(ModelsTrain, TinyGptOverfitsOneBatch) {
 
 // The model's keys are checked here, once (runtime's validate leaves them to models/).
 TEST(ModelConfigCheck, HeadsMustDivideTheWidthAndRecomputeMustParse) {
-  lt::ModelConfig c;
+  lt::models::ModelConfig c;
   c.kind = "gpt";
   c.d_model = 100;
   c.n_head = 3;

@@ -16,8 +16,10 @@
 
 #include "leantrain/comm/communicator.h"
 #include "leantrain/data/dataset.h"
+#include "leantrain/data/registry.h"
 #include "leantrain/models/activation_checkpoint.h"
 #include "leantrain/models/model.h"
+#include "leantrain/models/registry.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/log.h"
 #include "leantrain/runtime/memory_meter.h"
@@ -81,7 +83,7 @@ double first_forward_s(models::Model& model, const data::Dataset& train, const s
   const auto t0 = Clock::now();
   {
     AutocastGuard ac(precision, device.type());
-    model.forward_loss(input, target);  // the graph is freed here: no backward
+    model.forward_loss_with(input, target, data::fields_on(batch, device));  // the graph is freed here: no backward
   }
   if (delay.precision == precision)
     std::this_thread::sleep_for(std::chrono::duration<double>(delay.seconds_per_sample));
@@ -532,8 +534,8 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
   const std::vector<std::string> precisions = candidate_precisions(opt, device);
   std::vector<int64_t> micros = candidate_micro_batches(per_rank);
 
-  models::check_model_config(cfg.model);  // before any data is read (the policy is the planner's to pick)
-  auto data = data::make_datasets(cfg.data, cfg.model);
+  // The components' checks run before any data is read (the recompute policy is the planner's to pick).
+  auto data = data::make_datasets(cfg.data, models::model_contract(cfg.model));
   const int64_t param_bytes = parameter_bytes(cfg);
   const int64_t comm_bytes = world_size > 1 ? param_bytes : 0;  // the gradient buckets' flat buffers
   plan.fixed_minimum = checked_fixed_minimum(cfg.train, meter, param_bytes, comm_bytes, opt.budget);

@@ -12,7 +12,9 @@
 #include <sstream>
 
 #include "leantrain/data/data.h"
+#include "leantrain/data/registry.h"
 #include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/models/registry.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/files.h"
 #include "leantrain/runtime/log.h"
@@ -78,17 +80,38 @@ void check_components(const Components& c) {
 
 }  // namespace
 
+Config resolve_components(const Config& cfg) {
+  Config out = cfg;
+  out.model = models::resolve_model(cfg.model);
+  out.data = data::resolve_data(cfg.data);
+  return out;
+}
+
+std::string registered_options_markdown() {
+  std::string md;
+  for (const auto& name : models::model_kind_names()) {
+    const auto& k = models::model_kind(name);
+    md += options_markdown("model", k.name, k.doc, k.options) + "\n";
+  }
+  for (const auto& name : data::data_kind_names()) {
+    const auto& k = data::data_kind(name);
+    md += options_markdown("data", k.name, k.doc, k.options) + "\n";
+  }
+  return md;
+}
+
 void check_component_config(const Config& cfg) {
-  models::check_model_config(cfg.model);
+  (void)resolve_components(cfg);
   models::RecomputePolicy::parse(cfg.memory.activation_checkpoint);
 }
 
 Components make_components(const Config& cfg) {
-  check_component_config(cfg);
+  const Config c = resolve_components(cfg);
+  models::RecomputePolicy::parse(c.memory.activation_checkpoint);
   MemoryMeter::install_cpu_tracking();  // before the first parameter (Note [Memory breakdown])
-  torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));  // same initial weights on every rank
-  auto data = data::make_datasets(cfg.data, cfg.model);
-  return Components{models::build_model(cfg.model), data.train, data.eval, "model " + cfg.model.kind};
+  torch::manual_seed(static_cast<uint64_t>(c.data.seed));  // same initial weights on every rank
+  auto data = data::make_datasets(c.data, models::model_contract(c.model));
+  return Components{models::build_model(c.model), data.train, data.eval, "model " + c.model.kind};
 }
 
 // What the micro-batches of one try of a step left behind (Note [Out-of-memory back-off]).
@@ -310,7 +333,8 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
       torch::Tensor loss;
       {
         AutocastGuard ac(cfg_.precision.mode, device_.type());
-        loss = parts_.model->forward_loss(batch.input.to(device_), batch.target.to(device_));
+        loss = parts_.model->forward_loss_with(batch.input.to(device_), batch.target.to(device_),
+                                               data::fields_on(batch, device_));
       }
       if (hooks_->nan_loss(step + 1, rank_)) loss = loss * std::numeric_limits<double>::quiet_NaN();
       // The buckets' all-reduces start inside the last micro-batch's backward (comm.overlap).
@@ -460,7 +484,7 @@ static torch::Tensor eval_sums(models::Model& model, const data::Dataset& ds, co
     torch::Tensor logits;
     {
       AutocastGuard ac(precision, device.type());
-      logits = model.forward(input);
+      logits = model.forward_with(input, data::fields_on(batch, device));
     }
     auto flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
     auto tgt = target.reshape({-1});

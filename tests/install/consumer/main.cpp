@@ -14,10 +14,12 @@
 #include "leantrain/checkpoint_io/checkpoint.h"
 #include "leantrain/comm/communicator.h"
 #include "leantrain/models/model.h"
+#include "leantrain/models/registry.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/runtime_context.h"
 #include "leantrain/runtime/world.h"
 #include "leantrain/trainers/schedule.h"
+#include "leantrain/trainers/trainer.h"
 
 #if __has_include("all_headers.h")
 #include "all_headers.h"  // every installed header (CMakeLists.txt)
@@ -50,10 +52,11 @@ backend = "local"
 
 int run(const std::string& out_dir) {
   // runtime: parse and validate a config (an override in TOML syntax, as --set takes).
-  lt::Config cfg = lt::parse_config(kConfig, "consumer.toml", {"data.seed=7"});
+  // trainers: resolve [model] and [data] through the registries (the kinds' tables).
+  lt::Config cfg = lt::trainers::resolve_components(lt::parse_config(kConfig, "consumer.toml", {"data.seed=7"}));
   lt::validate(cfg, 1);
   std::printf("config model=%s hidden=%lld seed=%llu\n", cfg.model.kind.c_str(),
-              static_cast<long long>(cfg.model.hidden.at(0)),
+              static_cast<long long>(cfg.model.options.integers("hidden").at(0)),
               static_cast<unsigned long long>(cfg.data.seed));
 
   lt::RuntimeContext ctx = lt::make_runtime_context(cfg, lt::detect_world());
@@ -68,9 +71,9 @@ int run(const std::string& out_dir) {
   // models: forward, backward, one plain SGD step at the schedule's learning rate (trainers).
   torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
   std::shared_ptr<lt::models::Model> model = lt::models::build_model(cfg.model);
-  torch::Tensor x = torch::randn({cfg.train.micro_batch, cfg.model.in_channels,
-                                  cfg.model.image_size, cfg.model.image_size});
-  torch::Tensor y = torch::randint(cfg.model.num_classes, {cfg.train.micro_batch}, torch::kLong);
+  const lt::InputContract in = lt::models::model_contract(cfg.model);
+  torch::Tensor x = torch::randn({cfg.train.micro_batch, in.channels, in.height, in.width});
+  torch::Tensor y = torch::randint(in.num_classes, {cfg.train.micro_batch}, torch::kLong);
   const double lr = lt::trainers::lr_at(cfg.train, 1, 10);
   torch::Tensor loss = model->forward_loss(x, y);
   loss.backward();

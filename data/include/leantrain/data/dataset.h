@@ -3,13 +3,14 @@
 // (config, epoch, index), so any rank can build any sample and the result does not depend on
 // the parallel layout — the basis of the "same samples for any world size" invariant.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/types.h>
 
-#include "leantrain/runtime/config.h"
+#include "leantrain/runtime/contract.h"
 
 namespace lt::data {
 
@@ -22,7 +23,16 @@ constexpr int64_t kIgnoreIndex = -100;
 struct Batch {
   torch::Tensor input, target;
   int64_t tokens = 0;  // input tokens (LM) or 0: feeds tokens/s without knowing the task
+  /// Named inputs beside `input` (InputContract::fields), [B, ...] each.
+  std::map<std::string, torch::Tensor> fields;
 };
+
+/// A batch's fields moved to `device` (what Model::forward_with takes).
+inline std::map<std::string, torch::Tensor> fields_on(const Batch& batch, const torch::Device& device) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, t] : batch.fields) out[name] = t.to(device);
+  return out;
+}
 
 class Dataset {
  public:
@@ -35,6 +45,20 @@ class Dataset {
   virtual Batch get(const std::vector<int64_t>& indices, int64_t epoch) const = 0;
   /// One line for the run log, e.g. "fashion_mnist train: 60000 images 1x28x28, 10 classes".
   virtual std::string describe() const = 0;
+  /// The names of the Batch::fields every batch carries (none by default).
+  virtual std::vector<std::string> fields() const { return {}; }
+};
+
+/// The options of the built-in data kinds (fashion_mnist, text, synthetic) as one struct; the
+/// data registry binds each kind's table to the members it reads (data/src/registry.cpp), and
+/// fills seed from [data]'s shared key.
+struct DataConfig {
+  std::string kind = "fashion_mnist";  // fashion_mnist | text | synthetic
+  std::string path = "/usr/share/datasets/fashion-mnist";
+  uint64_t seed = 1234;
+  double eval_fraction = 0.1;     // text: share of the corpus held out for evaluation
+  double mask_prob = 0.15;        // masked-token targets
+  int64_t synthetic_samples = 4096;
 };
 
 struct Datasets {
@@ -42,33 +66,35 @@ struct Datasets {
   std::shared_ptr<Dataset> eval;  // null only for text with data.eval_fraction = 0 (nothing held out)
 };
 
-/// Builds train/eval datasets for a model. Validates the pairing up front (throws lt::ConfigError
-/// naming the key) so a bad config fails before any file is read or model is built:
-///  - fashion_mnist: model.kind resnet or mlp, model.in_channels == 1, image_size == 28,
-///    num_classes == 10; data.path = directory holding the 4 IDX files (.gz or not);
+/// Builds the built-in kind data.kind names, train/eval datasets to a model's input contract.
+/// Validates the pairing up front (throws lt::ConfigError naming the model's key, from the
+/// contract, that must change) so a bad config fails before any file is read:
+///  - fashion_mnist: images [B,1,28,28] with 10 class labels; data.path = directory holding the 4 IDX files (.gz or not);
 ///    train = train-*, eval = t10k-*. input float [B,1,28,28] normalized (x/255 - 0.2860)/0.3530
 ///    (the training-set mean/std); target int64 [B].
-///  - text: model.kind gpt or bert; byte-level tokens 0..255; [MASK] = 256 for bert, so
-///    model.vocab_size must be >= 256 (gpt) / >= 257 (bert). The last data.eval_fraction of the
+///  - text: tokens with next-token or masked-token targets; byte-level tokens 0..255; [MASK] =
+///    256 for masked targets, so the vocabulary must be >= 256 / >= 257. The last data.eval_fraction of the
 ///    bytes is eval (a contiguous tail, so no eval window overlaps a train window). Sample i is
 ///    the window starting at i*seq_len of length seq_len+1 (non-overlapping windows).
-///    gpt: input = w[0:T], target = w[1:T+1], both int64 [B,T].
-///    bert: input = w[0:T] with each position chosen with probability data.mask_prob from a stream
+///    next-token: input = w[0:T], target = w[1:T+1], both int64 [B,T].
+///    masked: input = w[0:T] with each position chosen with probability data.mask_prob from a stream
 ///    seeded by (seed, epoch, sample index) — at least one per sample — and a chosen position becomes
 ///    [MASK] 80%, a random token 10%, unchanged 10%; target = original token at chosen positions,
 ///    -100 elsewhere.
-///  - synthetic: gpt/bert: windows following t[i+1] = (a*t[i] + b) mod V', t[0] random, with (a,b)
+///  - synthetic: tokens: windows following t[i+1] = (a*t[i] + b) mod V', t[0] random, with (a,b)
 ///    one of 4 rules fixed by the seed and picked per sample from (seed, index) — a bigram model
 ///    already beats chance and context identifies the rule, so loss falls quickly. V' = vocab_size
-///    for gpt; for bert V' = vocab_size-1 and [MASK] = vocab_size-1 (masked as above).
-///    resnet/mlp: images float [C,H,W] ~ N(0,1) with label = argmax over classes of a fixed random
+///    for next-token targets; for masked V' = vocab_size-1 and [MASK] = vocab_size-1.
+///    images float [C,H,W] ~ N(0,1) with label = argmax over classes of a fixed random
 ///    template (from the seed) dotted with the image average-pooled to a 4x4 grid per channel — a
 ///    deterministic function of the image, learnable, and cheap even at 224x224x1000 classes.
 ///    Train size data.synthetic_samples, eval size max(synthetic_samples/8, 64), eval samples drawn
 ///    from a separate stream; everything a pure function of (seed, index).
-///  - data.limit > 0: train uses only the first `limit` samples (eval is untouched).
 /// A missing path (fashion_mnist dir / text file) -> ConfigError "data.path: '<p>' does not exist ...";
 /// a present but malformed file -> lt::DataError naming the file.
-Datasets make_datasets(const lt::DataConfig& data, const lt::ModelConfig& model);
+Datasets make_datasets(const DataConfig& data, const lt::InputContract& model);
+
+/// The first n samples of `data` (data.limit): `data` itself when n <= 0 or n >= its size.
+std::shared_ptr<Dataset> first_samples(std::shared_ptr<Dataset> data, int64_t n);
 
 }  // namespace lt::data

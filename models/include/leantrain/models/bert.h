@@ -64,7 +64,7 @@ class MLMHeadImpl : public torch::nn::Module {
 
 class Bert : public Model {
  public:
-  explicit Bert(const lt::ModelConfig& cfg);
+  explicit Bert(const lt::models::ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& input) override;
   torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target) override;
   Task task() const override { return Task::kMaskedLM; }

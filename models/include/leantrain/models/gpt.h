@@ -46,7 +46,7 @@ class GPTBlockImpl : public BlockImpl {
 
 class GPT : public Model {
  public:
-  explicit GPT(const lt::ModelConfig& cfg);
+  explicit GPT(const lt::models::ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& input) override;
   torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target) override;
   Task task() const override { return Task::kCausalLM; }

@@ -28,7 +28,7 @@ class MLPBlockImpl : public BlockImpl {
 
 class MLP : public Model {
  public:
-  explicit MLP(const lt::ModelConfig& cfg);
+  explicit MLP(const lt::models::ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& input) override;
   Task task() const override { return Task::kClassify; }
 

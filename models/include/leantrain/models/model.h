@@ -21,11 +21,15 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 
-#include "leantrain/runtime/config.h"
+#include "leantrain/models/model_config.h"
+#include "leantrain/runtime/contract.h"
 
 namespace lt::models {
 
 enum class Task { kClassify, kCausalLM, kMaskedLM };
+
+/// Named tensors beside a batch's main input (InputContract::fields).
+using TensorMap = std::map<std::string, torch::Tensor>;
 
 /// "classify" | "causal_lm" | "masked_lm".
 const char* task_name(Task task);
@@ -82,6 +86,12 @@ class Model : public torch::nn::Module {
   /// set_loss_chunk_tokens() asks for it, the head and cross-entropy in checkpointed chunks
   /// (Note [Chunked LM loss] in activation_checkpoint.cpp); else the plain loss.
   virtual torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target);
+  /// forward / forward_loss with the named inputs a model's InputContract::fields lists
+  /// (Batch::fields, on the model's device). The trainer calls these; the defaults ignore the
+  /// fields, so a model that declares fields overrides both.
+  virtual torch::Tensor forward_with(const torch::Tensor& input, const TensorMap& fields);
+  virtual torch::Tensor forward_loss_with(const torch::Tensor& input, const torch::Tensor& target,
+                                          const TensorMap& fields);
   /// Checkpointed chunks: 0: plain loss; n > 0: chunks of n tokens; -1: chunks sized so one
   /// chunk's fp32 logits take about 64 MiB. n > 0 also sets the fused loss's chunk.
   void set_loss_chunk_tokens(int64_t n) { loss_chunk_tokens_ = n; }
@@ -146,14 +156,16 @@ class Model : public torch::nn::Module {
   bool fused_loss_ = true;
 };
 
-/// Builds the model cfg.kind names (gpt | bert | resnet | mlp), initialised as documented in
-/// its header, on the CPU in fp32. Throws lt::ConfigError naming model.<key> for an impossible
-/// value (unknown kind, d_model not divisible by n_head, a ResNet depth outside
-/// {18,34,50,101,152} while layers is empty, a non-positive size, ...).
-std::shared_ptr<Model> build_model(const lt::ModelConfig& cfg);
+/// Builds the built-in model cfg.kind names (gpt | bert | resnet | mlp), initialised as
+/// documented in its header, on the CPU in fp32, through the model registry (registry.h):
+/// the options of cfg.kind are checked against its table first. Throws lt::ConfigError
+/// naming model.<key> for an impossible value (unknown kind, d_model not divisible by n_head,
+/// a ResNet depth outside {18,34,50,101,152} while layers is empty, a non-positive size, ...).
+std::shared_ptr<Model> build_model(const lt::models::ModelConfig& cfg);
 
 /// Throws lt::ConfigError naming model.<key> if build_model(cfg) would; does not allocate.
-void check_model_config(const lt::ModelConfig& cfg);
+/// (The same checks as the registry's resolve_model: one table per kind.)
+void check_model_config(const lt::models::ModelConfig& cfg);
 
 /// Number of unique parameter elements (a tied weight counts once).
 int64_t count_parameters(const torch::nn::Module& m);

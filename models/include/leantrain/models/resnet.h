@@ -134,7 +134,7 @@ struct ResNetCheckpointUnits {
 
 class ResNet : public Model {
  public:
-  explicit ResNet(const lt::ModelConfig& cfg);
+  explicit ResNet(const lt::models::ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& input) override;
   Task task() const override { return Task::kClassify; }
   /// Its own units (Note [ResNet checkpoint units] in resnet.cpp): full recomputes the stem
@@ -159,6 +159,6 @@ class ResNet : public Model {
 
 /// Blocks per stage and block kind ("basic" | "bottleneck") for cfg (depth or layers+block).
 /// Throws lt::ConfigError naming model.depth / model.layers / model.block.
-std::pair<std::vector<int64_t>, std::string> resnet_layout(const lt::ModelConfig& cfg);
+std::pair<std::vector<int64_t>, std::string> resnet_layout(const lt::models::ModelConfig& cfg);
 
 }  // namespace lt::models

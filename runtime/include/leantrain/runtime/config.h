@@ -6,42 +6,26 @@
 #include <string>
 #include <vector>
 
+#include "leantrain/runtime/options.h"
+
 namespace lt {
 
-struct ModelConfig {
-  std::string kind = "mlp";  // gpt | bert | resnet | mlp
-  // Transformers (gpt, bert).
-  int64_t vocab_size = 257;
-  int64_t seq_len = 128;     // context length = learned positions
-  int64_t n_layer = 2;
-  int64_t n_head = 2;
-  int64_t d_model = 64;
-  int64_t d_ff = 0;          // 0 means 4 * d_model
-  int64_t type_vocab_size = 2;  // bert token types
-  double dropout = 0.0;
-  // ResNet.
-  int64_t depth = 18;                 // 18 | 34 | 50 | 101 | 152, or 0 with layers + block
-  std::vector<int64_t> layers;        // blocks per stage when depth = 0
-  std::string block = "basic";        // basic | bottleneck (depth = 0 only)
-  int64_t width = 64;                 // channels of the first stage
-  std::string stem = "imagenet";      // imagenet (7x7/2 + maxpool) | small (3x3/1, for 28x28)
-  std::string memory_format = "channels_last";  // channels_last | contiguous (resnet's convolutions)
-  // Images (resnet, mlp).
-  int64_t in_channels = 1;
-  int64_t image_size = 28;
-  int64_t num_classes = 10;
-  // MLP.
-  std::vector<int64_t> hidden = {256, 256};
+/// [model]: the registered model kind and that kind's options. Which keys a kind has, their
+/// types, defaults and rules are the kind's own (lt::models::register_model; `leantrain
+/// options` lists them): the parser keeps the keys as given, and
+/// trainers::resolve_components checks them against the kind's table and fills the defaults.
+struct ModelSection {
+  std::string kind;  // empty: the default kind of the model registry
+  Options options;
 };
 
-struct DataConfig {
-  std::string kind = "fashion_mnist";  // fashion_mnist | text | synthetic
-  std::string path = "/usr/share/datasets/fashion-mnist";
-  uint64_t seed = 1234;
-  double eval_fraction = 0.1;     // text: share of the corpus held out for evaluation
-  double mask_prob = 0.15;        // bert masked-LM
-  int64_t synthetic_samples = 4096;
-  int64_t limit = 0;              // use only the first N training samples (0: all)
+/// [data]: the registered data kind and its options (lt::data::register_data), plus the keys
+/// every kind shares, which the trainer applies.
+struct DataSection {
+  std::string kind;   // empty: the default kind of the data registry
+  uint64_t seed = 1234;  // initial weights, epoch shuffles, per-sample randomness
+  int64_t limit = 0;     // train on only the first N training samples (0: all)
+  Options options;
 };
 
 struct TrainConfig {
@@ -115,8 +99,8 @@ struct LogConfig {
 };
 
 struct Config {
-  ModelConfig model;
-  DataConfig data;
+  ModelSection model;
+  DataSection data;
   TrainConfig train;
   PrecisionConfig precision;
   MemoryConfig memory;
@@ -127,7 +111,9 @@ struct Config {
 
 /// Parses a TOML document, then applies `key=value` overrides (value in TOML syntax; a bare
 /// word is taken as a string). Throws ConfigError naming the key on an unknown key, a wrong
-/// type or a malformed file. Does not check values: call validate() for that.
+/// type or a malformed file. [model] and [data] keys other than kind / seed / limit are kept
+/// as given, for their kind to check (trainers::resolve_components). Does not check values:
+/// call validate() for that.
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
 /// Reads `path` and parses it (see parse_config); a missing file is a ConfigError.
@@ -135,11 +121,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 /// Checks the values of the keys this layer owns, and the parallel layout for `world_size`
 /// ranks. Throws ConfigError with the key, the value and what is allowed. A key is checked in
-/// exactly one place, by the component that uses it: model.d_model / n_head and the model's
-/// other structure by models::check_model_config, memory.recompute by
+/// exactly one place, by the component that uses it: [model] and [data] options by their
+/// kind's table (trainers::resolve_components), memory.recompute by
 /// models::RecomputePolicy::parse (both run up front by trainers::check_component_config),
-/// data.eval_fraction, data.mask_prob and data.limit by data::make_datasets, comm.backend by
-/// comm::choose_backend.
+/// comm.backend by comm::choose_backend.
 void validate(const Config& cfg, int world_size);
 
 /// Gradient-accumulation steps: global_batch / (micro_batch * world_size).

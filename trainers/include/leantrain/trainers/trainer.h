@@ -41,13 +41,24 @@ struct Components {
   std::string name = "model";  // the model's name in the run log
 };
 
-/// The checks of the config keys the built-in components own (models::check_model_config,
+/// The config with [model] and [data] resolved through the registries (models/registry.h,
+/// data/registry.h): each kind named (the registry's default for an empty kind) and its
+/// options checked against the kind's table, defaults filled in. ConfigError naming the key.
+/// The CLI resolves before it writes config.json, so the file records every option.
+Config resolve_components(const Config& cfg);
+
+/// Every registered model kind's and data kind's options as Markdown sections
+/// (lt::options_markdown), model kinds first, each in registration order: what
+/// `leantrain options` prints and docs/CONFIG.md holds for the built-in kinds.
+std::string registered_options_markdown();
+
+/// The checks of the config keys the components own (resolve_components,
 /// models::RecomputePolicy::parse), without building anything: a bad value fails before any
 /// data is read. ConfigError naming the key.
 void check_component_config(const Config& cfg);
 
-/// The built-in model and datasets a config names, seeded with data.seed (so every rank
-/// builds the same initial weights). Components of your own: build them after
+/// The registered model and datasets a config names, the data built to the model's input
+/// contract, seeded with data.seed (so every rank builds the same initial weights). Components of your own: build them after
 /// make_runtime_context(), which installs the CPU memory tracker; tensors allocated before it
 /// are not counted in peaks and budgets.
 Components make_components(const Config& cfg);

@@ -1,0 +1,58 @@
+#pragma once
+// The model registry: model kinds by name, each with its options table, its input contract
+// and its factory. [model] kind = "<name>" in a config picks one; the built-in kinds (gpt,
+// bert, resnet, mlp) are registered on first use, a user's kinds by register_model() before
+// the config is resolved (examples/custom_model). Nothing outside a kind's own files names it.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "leantrain/models/model.h"
+#include "leantrain/runtime/config.h"
+#include "leantrain/runtime/contract.h"
+#include "leantrain/runtime/options.h"
+
+namespace lt::models {
+
+struct ModelKind {
+  std::string name;
+  std::string doc;       // one paragraph for `leantrain options` and docs/CONFIG.md
+  OptionTable options;   // the [model] keys of this kind
+  /// Checks across keys after each option's own rule (e.g. d_model divisible by n_head);
+  /// throws lt::ConfigError naming model.<key>. May be empty.
+  std::function<void(const Options&)> check;
+  /// What the model's forward takes and its loss compares against, from resolved options.
+  std::function<InputContract(const Options&)> contract;
+  /// The model, from resolved options, on the CPU in fp32 (seed torch first for
+  /// reproducible weights).
+  std::function<std::shared_ptr<Model>(const Options&)> build;
+};
+
+/// Adds a kind. Throws std::invalid_argument if the name is empty or taken, or contract or
+/// build is missing. Thread-safe; call it before resolving configs that name the kind.
+void register_model(ModelKind kind);
+/// The kind registered under `name`; ConfigError "model.kind = ..." listing the registered
+/// names when there is none.
+const ModelKind& model_kind(const std::string& name);
+/// The registered names, in registration order (the built-ins first).
+std::vector<std::string> model_kind_names();
+/// The kind an empty model.kind means: "mlp".
+const std::string& default_model_kind();
+
+/// `section` with its kind named (the default if empty) and its options resolved against the
+/// kind's table: defaults filled, each rule and the kind's check run. ConfigError naming the
+/// key otherwise.
+ModelSection resolve_model(const ModelSection& section);
+/// The contract and the model of a section (resolved first).
+InputContract model_contract(const ModelSection& section);
+std::shared_ptr<Model> build_model(const ModelSection& section);
+
+/// The built-in kinds' struct from a resolved section of one of them, and back (the options
+/// of cfg.kind's table). For tests and tools that speak ModelConfig.
+ModelConfig builtin_model_config(const ModelSection& section);
+ModelSection builtin_model_section(const ModelConfig& cfg);
+/// The contract of a built-in model config.
+InputContract model_contract(const ModelConfig& cfg);
+
+}  // namespace lt::models

@@ -1,0 +1,226 @@
+// The model registry and the built-in kinds' entries: each kind's options bound to the
+// members of ModelConfig it reads, its cross-key checks, its contract and its factory.
+#include "leantrain/models/registry.h"
+
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+
+#include <torch/torch.h>
+
+#include "leantrain/models/bert.h"
+#include "leantrain/models/gpt.h"
+#include "leantrain/models/mlp.h"
+#include "leantrain/models/resnet.h"
+#include "leantrain/runtime/errors.h"
+
+namespace lt::models {
+namespace {
+
+using Bound = BoundOptions<ModelConfig>;
+
+Bound& transformer_options(Bound& b) {
+  return b.add("vocab_size", &ModelConfig::vocab_size, "token ids are 0 .. vocab_size-1", rules::at_least(1))
+      .add("seq_len", &ModelConfig::seq_len, "context length (learned positions)", rules::at_least(1))
+      .add("n_layer", &ModelConfig::n_layer, "transformer blocks", rules::at_least(1))
+      .add("n_head", &ModelConfig::n_head, "attention heads; must divide d_model", rules::at_least(1))
+      .add("d_model", &ModelConfig::d_model, "width", rules::at_least(1))
+      .add("d_ff", &ModelConfig::d_ff, "feed-forward width; 0 means 4 × d_model", rules::at_least(0))
+      .add("dropout", &ModelConfig::dropout, "dropout probability", rules::in_range(0, true, 1, false));
+}
+
+Bound& image_options(Bound& b) {
+  return b.add("in_channels", &ModelConfig::in_channels, "input channels", rules::at_least(1))
+      .add("image_size", &ModelConfig::image_size, "input height = width", rules::at_least(1))
+      .add("num_classes", &ModelConfig::num_classes, "output classes", rules::at_least(1));
+}
+
+Bound gpt_options() {
+  Bound b;
+  return transformer_options(b);
+}
+
+Bound bert_options() {
+  Bound b;
+  transformer_options(b).add("type_vocab_size", &ModelConfig::type_vocab_size, "token types (segment A/B)",
+                             rules::at_least(1));
+  return b;
+}
+
+Bound resnet_options() {
+  Bound b;
+  b.add("depth", &ModelConfig::depth, "18 | 34 | 50 | 101 | 152, or 0 to give layers and block", rules::at_least(0))
+      .add("layers", &ModelConfig::layers, "blocks per stage when depth = 0, e.g. [2, 2, 2, 2]", rules::at_least(1))
+      .add("block", &ModelConfig::block, "residual block when depth = 0", rules::one_of({"basic", "bottleneck"}))
+      .add("width", &ModelConfig::width, "channels of the first stage", rules::at_least(1))
+      .add("stem", &ModelConfig::stem, "imagenet: 7x7/2 conv + max-pool; small: 3x3/1 conv (28x28 inputs)",
+           rules::one_of({"imagenet", "small"}))
+      .add("memory_format", &ModelConfig::memory_format, "layout of the convolutions' activations",
+           rules::one_of({"channels_last", "contiguous"}));
+  return image_options(b);
+}
+
+Bound mlp_options() {
+  Bound b;
+  image_options(b)
+      .add("hidden", &ModelConfig::hidden, "hidden widths, one per block", rules::at_least(1))
+      .add("dropout", &ModelConfig::dropout, "dropout probability", rules::in_range(0, true, 1, false));
+  return b;
+}
+
+void check_heads(const ModelConfig& c) {
+  if (c.d_model % c.n_head != 0)
+    throw ConfigError("model.n_head = " + std::to_string(c.n_head) + ": must divide model.d_model = " +
+                      std::to_string(c.d_model) + " (each head gets d_model / n_head features)");
+}
+
+InputContract token_contract(const ModelConfig& c, InputContract::Target target) {
+  InputContract k;
+  k.input = InputContract::Input::kTokens;
+  k.target = target;
+  k.seq_len = c.seq_len;
+  k.vocab_size = c.vocab_size;
+  k.seq_len_key = "model.seq_len";
+  k.vocab_size_key = "model.vocab_size";
+  return k;
+}
+
+InputContract image_contract(const ModelConfig& c) {
+  InputContract k;
+  k.input = InputContract::Input::kImages;
+  k.target = InputContract::Target::kClassLabels;
+  k.channels = c.in_channels;
+  k.height = k.width = c.image_size;
+  k.num_classes = c.num_classes;
+  k.channels_key = "model.in_channels";
+  k.size_key = "model.image_size";
+  k.num_classes_key = "model.num_classes";
+  return k;
+}
+
+// One built-in kind: its table reads into a ModelConfig with kind = name.
+template <class M>
+ModelKind builtin(const std::string& name, std::string doc, Bound bound, std::function<void(const ModelConfig&)> check,
+                  std::function<InputContract(const ModelConfig&)> contract) {
+  auto read = [name, bound](const Options& o) {
+    ModelConfig c = bound.read(o);
+    c.kind = name;
+    return c;
+  };
+  ModelKind k;
+  k.name = name;
+  k.doc = std::move(doc);
+  k.options = bound.table();
+  if (check) k.check = [read, check](const Options& o) { check(read(o)); };
+  k.contract = [read, contract](const Options& o) { return contract(read(o)); };
+  k.build = [read](const Options& o) -> std::shared_ptr<Model> { return std::make_shared<M>(read(o)); };
+  return k;
+}
+
+struct Registry {
+  std::mutex mu;
+  std::deque<ModelKind> kinds;  // push_back keeps references to the others valid
+  Registry() {
+    kinds.push_back(builtin<MLP>("mlp", "A multi-layer perceptron over flattened images (the default kind).",
+                                 mlp_options(), {}, image_contract));
+    kinds.push_back(builtin<GPT>("gpt", "A GPT-2 style decoder: causal language modelling, next-token targets.",
+                                 gpt_options(), check_heads,
+                                 [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kNextToken); }));
+    kinds.push_back(builtin<Bert>("bert", "A BERT encoder with a masked-LM head: masked-token targets.",
+                                  bert_options(), check_heads, [](const ModelConfig& c) {
+                                    return token_contract(c, InputContract::Target::kMaskedTokens);
+                                  }));
+    kinds.push_back(builtin<ResNet>(
+        "resnet", "A ResNet image classifier (torchvision's layout, BatchNorm, zero-initialised last norms).",
+        resnet_options(), [](const ModelConfig& c) { (void)resnet_layout(c); }, image_contract));
+  }
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+const Bound& builtin_bound(const std::string& kind) {
+  static const Bound gpt = gpt_options(), bert = bert_options(), resnet = resnet_options(), mlp = mlp_options();
+  if (kind == "gpt") return gpt;
+  if (kind == "bert") return bert;
+  if (kind == "resnet") return resnet;
+  if (kind == "mlp") return mlp;
+  throw ConfigError("model.kind = \"" + kind + "\": not a built-in kind (gpt | bert | resnet | mlp)");
+}
+
+}  // namespace
+
+void register_model(ModelKind kind) {
+  if (kind.name.empty()) throw std::invalid_argument("register_model: the kind needs a name");
+  if (!kind.contract || !kind.build)
+    throw std::invalid_argument("register_model(\"" + kind.name + "\"): give both contract and build");
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& k : r.kinds)
+    if (k.name == kind.name) throw std::invalid_argument("register_model: \"" + kind.name + "\" is already registered");
+  r.kinds.push_back(std::move(kind));
+}
+
+const ModelKind& model_kind(const std::string& name) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::string names;
+  for (const auto& k : r.kinds) {
+    if (k.name == name) return k;
+    names += (names.empty() ? "" : " | ") + k.name;
+  }
+  throw ConfigError("model.kind = \"" + name + "\": no such model kind; registered: " + names);
+}
+
+std::vector<std::string> model_kind_names() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> out;
+  for (const auto& k : r.kinds) out.push_back(k.name);
+  return out;
+}
+
+const std::string& default_model_kind() {
+  static const std::string kind = "mlp";
+  return kind;
+}
+
+ModelSection resolve_model(const ModelSection& section) {
+  ModelSection out;
+  out.kind = section.kind.empty() ? default_model_kind() : section.kind;
+  const ModelKind& k = model_kind(out.kind);
+  out.options = resolve_options("model", out.kind, k.options, section.options);
+  if (k.check) k.check(out.options);
+  return out;
+}
+
+InputContract model_contract(const ModelSection& section) {
+  const ModelSection s = resolve_model(section);
+  return model_kind(s.kind).contract(s.options);
+}
+
+std::shared_ptr<Model> build_model(const ModelSection& section) {
+  const ModelSection s = resolve_model(section);
+  return model_kind(s.kind).build(s.options);
+}
+
+ModelConfig builtin_model_config(const ModelSection& section) {
+  const ModelSection s = resolve_model(section);
+  ModelConfig c = builtin_bound(s.kind).read(s.options);
+  c.kind = s.kind;
+  return c;
+}
+
+ModelSection builtin_model_section(const ModelConfig& cfg) {
+  return ModelSection{cfg.kind, builtin_bound(cfg.kind).write(cfg)};
+}
+
+InputContract model_contract(const ModelConfig& cfg) { return model_contract(builtin_model_section(cfg)); }
+
+void check_model_config(const ModelConfig& cfg) { (void)resolve_model(builtin_model_section(cfg)); }
+
+std::shared_ptr<Model> build_model(const ModelConfig& cfg) { return build_model(builtin_model_section(cfg)); }
+
+}  // namespace lt::models
