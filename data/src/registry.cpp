@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "leantrain/runtime/errors.h"
+#include "leantrain/runtime/log.h"
 
 namespace lt::data {
 namespace {
@@ -95,6 +96,22 @@ const Bound& builtin_bound(const std::string& kind) {
   throw ConfigError("data.kind = \"" + kind + "\": not a built-in kind (fashion_mnist | text | synthetic)");
 }
 
+// The given options without the keys of the section's other kinds (a config switched to
+// `kind` with --set), each dropped key logged once.
+Options own_options(const std::string& kind, const OptionTable& table, const Options& given) {
+  std::vector<std::pair<std::string, const OptionTable*>> others;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (const auto& k : r.kinds)
+      if (k.name != kind) others.emplace_back(k.name, &k.options);
+  }
+  std::vector<std::string> dropped;
+  Options own = without_other_kinds_keys("data", table, others, given, &dropped);
+  for (const auto& d : dropped) log::info("ignoring " + d + ": data.kind is " + kind);
+  return own;
+}
+
 }  // namespace
 
 void register_data(DataKind kind) {
@@ -134,7 +151,8 @@ const std::string& default_data_kind() {
 DataSection resolve_data(const DataSection& section) {
   DataSection out = section;
   out.kind = section.kind.empty() ? default_data_kind() : section.kind;
-  out.options = resolve_options("data", out.kind, data_kind(out.kind).options, section.options);
+  const OptionTable& table = data_kind(out.kind).options;
+  out.options = resolve_options("data", out.kind, table, own_options(out.kind, table, section.options));
   return out;
 }
 

@@ -6,12 +6,15 @@
 
 #include <torch/torch.h>
 
-#include "leantrain/models/activation_checkpoint.h"
-#include "leantrain/models/lm_loss.h"
+#include "leantrain/recompute/recompute.h"
+#include "leantrain/recompute/lm_loss.h"
 #include "leantrain/models/mlp.h"
 #include "leantrain/runtime/errors.h"
 
 namespace lt::models {
+
+// The recompute layer's pieces (in_backward, dropout, packed inputs, the LM losses).
+using namespace lt::recompute;
 
 const char* task_name(Task task) {
   switch (task) {
@@ -99,7 +102,7 @@ MLPBlockImpl::MLPBlockImpl(int64_t in, int64_t out, double dropout) : dropout_(d
 
 torch::Tensor MLPBlockImpl::forward(const torch::Tensor& x) {
   auto y = torch::relu(fc(x));
-  if (dropout_ > 0.0) y = lt::models::dropout(y, dropout_, is_training());
+  if (dropout_ > 0.0) y = lt::recompute::dropout(y, dropout_, is_training());
   return y;
 }
 

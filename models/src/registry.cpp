@@ -13,6 +13,7 @@
 #include "leantrain/models/mlp.h"
 #include "leantrain/models/resnet.h"
 #include "leantrain/runtime/errors.h"
+#include "leantrain/runtime/log.h"
 
 namespace lt::models {
 namespace {
@@ -150,6 +151,22 @@ const Bound& builtin_bound(const std::string& kind) {
   throw ConfigError("model.kind = \"" + kind + "\": not a built-in kind (gpt | bert | resnet | mlp)");
 }
 
+// The given options without the keys of the section's other kinds (a config switched to
+// `kind` with --set), each dropped key logged once.
+Options own_options(const std::string& kind, const OptionTable& table, const Options& given) {
+  std::vector<std::pair<std::string, const OptionTable*>> others;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (const auto& k : r.kinds)
+      if (k.name != kind) others.emplace_back(k.name, &k.options);
+  }
+  std::vector<std::string> dropped;
+  Options own = without_other_kinds_keys("model", table, others, given, &dropped);
+  for (const auto& d : dropped) log::info("ignoring " + d + ": model.kind is " + kind);
+  return own;
+}
+
 }  // namespace
 
 void register_model(ModelKind kind) {
@@ -191,7 +208,7 @@ ModelSection resolve_model(const ModelSection& section) {
   ModelSection out;
   out.kind = section.kind.empty() ? default_model_kind() : section.kind;
   const ModelKind& k = model_kind(out.kind);
-  out.options = resolve_options("model", out.kind, k.options, section.options);
+  out.options = resolve_options("model", out.kind, k.options, own_options(out.kind, k.options, section.options));
   if (k.check) k.check(out.options);
   return out;
 }

@@ -2,11 +2,14 @@
 #include <torch/torch.h>
 
 #include "leantrain/models/resnet.h"
-#include "leantrain/models/activation_checkpoint.h"
-#include "leantrain/models/packed_activation.h"
+#include "leantrain/recompute/recompute.h"
+#include "leantrain/recompute/packed_activation.h"
 #include "leantrain/runtime/errors.h"
 
 namespace lt::models {
+
+// The recompute layer's pieces (in_backward, dropout, packed inputs, the LM losses).
+using namespace lt::recompute;
 
 namespace {
 
@@ -87,9 +90,9 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
   }
   const std::vector<torch::nn::Module*> down_modules{down.get()};
   if (!packed_input_) {
-    auto y = checkpoint([this](const std::vector<torch::Tensor>& in) { return branch(in[0]); }, {x}, params, modules);
+    auto y = in_backward([this](const std::vector<torch::Tensor>& in) { return branch(in[0]); }, {x}, params, modules);
     auto shortcut =
-        down ? checkpoint([this](const std::vector<torch::Tensor>& in) { return down->forward(in[0]); }, {x},
+        down ? in_backward([this](const std::vector<torch::Tensor>& in) { return down->forward(in[0]); }, {x},
                           down->parameters(), down_modules)
              : x;
     return torch::relu(y + shortcut);
@@ -99,11 +102,11 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
   const auto packed = pack_tensor(x);
   const ConvUnit branch_unit{&first_conv(), [this](const std::vector<torch::Tensor>& in) { return branch_middle(in[0]); },
                              &last_bn()};
-  auto y = checkpoint(branch_unit, x, packed, params, modules);
+  auto y = in_backward(branch_unit, x, packed, params, modules);
   torch::Tensor shortcut = x;
   if (down) {
     const ConvUnit down_unit{down->conv.get(), [](const std::vector<torch::Tensor>& in) { return in[0]; }, down->bn.get()};
-    shortcut = checkpoint(down_unit, x, packed, down->parameters(), down_modules);
+    shortcut = in_backward(down_unit, x, packed, down->parameters(), down_modules);
   }
   return mask_relu(y + shortcut);
 }
@@ -285,7 +288,7 @@ void ResNet::apply_recompute(const RecomputePolicy& policy) {
 
 torch::Tensor ResNet::forward(const torch::Tensor& input) {
   TORCH_CHECK(input.dim() == 4, "ResNet: expected images [B,C,H,W], got ", input.sizes());
-  // checkpoint() itself runs plainly without grad mode; outside training the units are off
+  // in_backward() itself runs plainly without grad mode; outside training the units are off
   // so evaluation never pays for the bookkeeping.
   const bool units = is_training();
   torch::Tensor x;
@@ -293,7 +296,7 @@ torch::Tensor ResNet::forward(const torch::Tensor& input) {
   // there is one channel): the same strides whatever the loader made, as the reference model.
   const auto image = channels_last_ ? input.to(input.options(), false, false, at::MemoryFormat::ChannelsLast) : input;
   if (units && units_.stem) {
-    x = checkpoint([this](const std::vector<torch::Tensor>& in) { return stem->forward(in[0]); }, {image},
+    x = in_backward([this](const std::vector<torch::Tensor>& in) { return stem->forward(in[0]); }, {image},
                    stem->parameters(), std::vector<torch::nn::Module*>{stem.get()});
   } else {
     x = stem->forward(image);
@@ -310,7 +313,7 @@ torch::Tensor ResNet::forward(const torch::Tensor& input) {
         modules.push_back(blocks()[j].get());
       }
       // The blocks run directly, not through the block runner: a unit is recomputed once.
-      x = checkpoint(
+      x = in_backward(
           [this, b = b, e = e](const std::vector<torch::Tensor>& in) {
             auto h = in[0];
             for (size_t j = b; j < e; ++j) h = blocks()[j]->forward(h);

@@ -6,11 +6,14 @@
 
 #include "leantrain/models/attention.h"
 #include "leantrain/models/bert.h"
-#include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/recompute/recompute.h"
 #include "leantrain/models/gpt.h"
-#include "leantrain/models/lm_loss.h"
+#include "leantrain/recompute/lm_loss.h"
 
 namespace lt::models {
+
+// The recompute layer's pieces (in_backward, dropout, packed inputs, the LM losses).
+using namespace lt::recompute;
 
 // ---- shared layers ----
 
@@ -44,7 +47,7 @@ torch::Tensor SelfAttentionImpl::core(const torch::Tensor& q, const torch::Tenso
     att = att.masked_fill(mask, -std::numeric_limits<double>::infinity());
   }
   att = torch::softmax(att, -1);
-  if (attn_dropout_ > 0.0) att = lt::models::dropout(att, attn_dropout_, is_training());
+  if (attn_dropout_ > 0.0) att = lt::recompute::dropout(att, attn_dropout_, is_training());
   return torch::matmul(att, v);
 }
 
@@ -105,8 +108,8 @@ GPTBlockImpl::GPTBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double
 
 torch::Tensor GPTBlockImpl::forward(const torch::Tensor& x) {
   const bool train = is_training();
-  auto h = x + lt::models::dropout(attn->forward(ln1(x)), dropout_, train);
-  return h + lt::models::dropout(mlp->forward(ln2(h)), dropout_, train);
+  auto h = x + lt::recompute::dropout(attn->forward(ln1(x)), dropout_, train);
+  return h + lt::recompute::dropout(mlp->forward(ln2(h)), dropout_, train);
 }
 
 GPT::GPT(const lt::models::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(cfg.dropout) {
@@ -123,7 +126,7 @@ GPT::GPT(const lt::models::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(c
 
 torch::Tensor GPT::hidden(const torch::Tensor& input) {
   auto pos = check_ids(input, seq_len_, "GPT");
-  auto x = lt::models::dropout(wte(input) + wpe(pos), dropout_, is_training());
+  auto x = lt::recompute::dropout(wte(input) + wpe(pos), dropout_, is_training());
   for (size_t i = 0; i < blocks().size(); ++i) x = run_block(i, x);
   return ln_f(x);
 }
@@ -155,8 +158,8 @@ BertBlockImpl::BertBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, doub
 
 torch::Tensor BertBlockImpl::forward(const torch::Tensor& x) {
   const bool train = is_training();
-  auto h = ln1(x + lt::models::dropout(attn->forward(x), dropout_, train));
-  return ln2(h + lt::models::dropout(mlp->forward(h), dropout_, train));
+  auto h = ln1(x + lt::recompute::dropout(attn->forward(x), dropout_, train));
+  return ln2(h + lt::recompute::dropout(mlp->forward(h), dropout_, train));
 }
 
 MLMHeadImpl::MLMHeadImpl(int64_t d_model, int64_t vocab_size) {
@@ -190,7 +193,7 @@ Bert::Bert(const lt::models::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_
 torch::Tensor Bert::hidden(const torch::Tensor& input) {
   auto pos = check_ids(input, seq_len_, "BERT");
   auto x = tok_emb(input) + pos_emb(pos) + type_emb->weight[0];
-  x = lt::models::dropout(emb_ln(x), dropout_, is_training());
+  x = lt::recompute::dropout(emb_ln(x), dropout_, is_training());
   for (size_t i = 0; i < blocks().size(); ++i) x = run_block(i, x);
   return x;
 }

@@ -147,6 +147,32 @@ Options resolve_options(const std::string& section, const std::string& kind, con
   return out;
 }
 
+Options without_other_kinds_keys(const std::string& section, const OptionTable& own,
+                                 const std::vector<std::pair<std::string, const OptionTable*>>& others,
+                                 const Options& given, std::vector<std::string>* dropped) {
+  auto has = [](const OptionTable& t, const std::string& key) {
+    for (const auto& s : t)
+      if (s.key == key) return true;
+    return false;
+  };
+  Options out;
+  for (const auto& [key, value] : given.values()) {
+    std::string owner;
+    if (!has(own, key))
+      for (const auto& [kind, table] : others)
+        if (has(*table, key)) {
+          owner = kind;
+          break;
+        }
+    if (owner.empty()) {
+      out.set(key, value);
+    } else if (dropped) {
+      dropped->push_back(section + "." + key + " (an option of kind " + owner + ")");
+    }
+  }
+  return out;
+}
+
 std::string options_markdown(const std::string& section, const std::string& kind, const std::string& doc,
                              const OptionTable& table) {
   std::ostringstream md;

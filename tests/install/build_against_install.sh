@@ -5,7 +5,7 @@
 #   build_against_install BUILD SOURCE PROJECT_DIR TARGET [CMAKE [GENERATOR [CXX [CC [TORCH_DIR]]]]]
 #
 # Sets: tmp (a fresh folder in BUILD, removed on exit: same depth on every run, so ccache
-# hits), prefix ($tmp/prefix), pbuild ($tmp/build, the project's build), t_install, t_build
+# hits), prefix ($tmp/prefix: installed into another folder, then moved there), pbuild ($tmp/build, the project's build), t_install, t_build
 # (seconds). TORCH_DIR (the project's Torch_DIR) is used only when SOURCE/.venv has no torch.
 fail() { echo "${fail_prefix:-build_against_install}: FAIL: $*" >&2; exit 1; }
 
@@ -20,9 +20,16 @@ build_against_install() {
   local t0 t1 t2
   t0=$(date +%s)
 
-  # 1. Install.
-  "$cmake" --install "$build" --prefix "$prefix" > "$tmp/install.log" || { cat "$tmp/install.log"; fail "cmake --install"; }
-  [[ -n $(find "$prefix" -name leantrainConfig.cmake | head -1) ]] || fail "no leantrainConfig.cmake under the prefix"
+  # 1. Install, then move the prefix: the package must be relocatable (a user copies an
+  #    installed tree, or a packager installs into a staging folder). No installed file may
+  #    name the folder it was installed into.
+  local staged=$tmp/staged
+  "$cmake" --install "$build" --prefix "$staged" > "$tmp/install.log" || { cat "$tmp/install.log"; fail "cmake --install"; }
+  [[ -n $(find "$staged" -name leantrainConfig.cmake | head -1) ]] || fail "no leantrainConfig.cmake under the prefix"
+  local pinned
+  pinned=$(grep -rlF "$staged" "$staged" 2>/dev/null || true)
+  [[ -z $pinned ]] || fail "installed files name the install prefix $staged (not relocatable): $pinned"
+  mv "$staged" "$prefix"
 
   # 2. LibTorch's CMake prefix, as a user of the PyPI wheel finds it.
   local torch_prefix=

@@ -7,8 +7,8 @@
 
 #include <map>
 
-#include "leantrain/models/activation_checkpoint.h"
-#include "leantrain/models/lm_loss.h"
+#include "leantrain/recompute/recompute.h"
+#include "leantrain/recompute/lm_loss.h"
 #include "leantrain/models/model.h"
 #include "leantrain/models/resnet.h"
 #include "leantrain/runtime/errors.h"
@@ -336,7 +336,7 @@ struct CountingBlockImpl : lt::models::BlockImpl {
     auto h = region.run(
         [this](const std::vector<torch::Tensor>& in) {
           ++region_runs;
-          return lt::models::dropout(torch::tanh(in[0]) * in[0], 0.2, is_training());
+          return lt::recompute::dropout(torch::tanh(in[0]) * in[0], 0.2, is_training());
         },
         {fc->forward(x)});
     return h + x;
@@ -453,7 +453,7 @@ TEST(Checkpoint, RerunAddsParameterGradientsAsSoonAsComputedUnderBackward) {
   w2.mutable_grad() = torch::Tensor();
   w2_grad_ready.clear();
 
-  lt::models::checkpoint(fn, {x}, {w1, w2}).sum().backward();
+  lt::recompute::in_backward(fn, {x}, {w1, w2}).sum().backward();
   ASSERT_EQ(w2_grad_ready.size(), 1u);  // the rerun's probe (forward ran without grad: no node)
   EXPECT_TRUE(w2_grad_ready[0]) << "the rerun held w2's gradient back";
   EXPECT_TRUE(torch::equal(w1.grad(), g1));
@@ -462,7 +462,7 @@ TEST(Checkpoint, RerunAddsParameterGradientsAsSoonAsComputedUnderBackward) {
   w1.mutable_grad() = torch::Tensor();
   w2.mutable_grad() = torch::Tensor();
   w2_grad_ready.clear();
-  const auto g = torch::autograd::grad({lt::models::checkpoint(fn, {x}, {w1, w2}).sum()}, {w1, w2});
+  const auto g = torch::autograd::grad({lt::recompute::in_backward(fn, {x}, {w1, w2}).sum()}, {w1, w2});
   Probe::seen = nullptr;
   ASSERT_EQ(w2_grad_ready.size(), 1u);
   EXPECT_FALSE(w2_grad_ready[0]);
@@ -482,7 +482,7 @@ TEST(Checkpoint, DropoutMaskKeptAsBitsAndReplayedWithoutDrawing) {
   auto w = torch::randn({n}, torch::requires_grad());
   std::vector<float> after;  // the RNG's next number after the dropout, per call
   auto fn = [&](const std::vector<torch::Tensor>& in) {
-    auto y = lt::models::dropout(in[0] * w, 0.3, true);
+    auto y = lt::recompute::dropout(in[0] * w, 0.3, true);
     after.push_back(torch::rand({1}).item<float>());
     return y;
   };
@@ -497,7 +497,7 @@ TEST(Checkpoint, DropoutMaskKeptAsBitsAndReplayedWithoutDrawing) {
   after.clear();
   torch::manual_seed(5);
   const auto before = meter.stats().current_bytes;
-  auto out = lt::models::checkpoint(fn, {x}, {w});
+  auto out = lt::recompute::in_backward(fn, {x}, {w});
   // Forward kept the output and n bits of mask, not an n-float mask.
   EXPECT_LE(meter.stats().current_bytes - before, n * 4 + n / 8 + 8192);  // + the saved RNG state
   EXPECT_GE(meter.stats().current_bytes - before, n * 4 + n / 8);
@@ -514,20 +514,20 @@ TEST(Checkpoint, DropoutMaskKeptAsBitsAndReplayedWithoutDrawing) {
 TEST(Checkpoint, NestedCheckpointsReplayTheSameDropoutMasks) {
   auto w = torch::randn({64, 64}, torch::requires_grad());
   auto inner = [&](const std::vector<torch::Tensor>& in) {
-    return lt::models::dropout(torch::tanh(torch::matmul(in[0], w)), 0.2, true);
+    return lt::recompute::dropout(torch::tanh(torch::matmul(in[0], w)), 0.2, true);
   };
   auto outer = [&](bool nested) {
     return [&, nested](const std::vector<torch::Tensor>& in) {
-      auto h = lt::models::dropout(torch::matmul(in[0], w), 0.2, true);
-      h = nested ? lt::models::checkpoint(inner, {h}, {w}) : inner({h});
-      return lt::models::dropout(torch::matmul(h, w), 0.2, true);
+      auto h = lt::recompute::dropout(torch::matmul(in[0], w), 0.2, true);
+      h = nested ? lt::recompute::in_backward(inner, {h}, {w}) : inner({h});
+      return lt::recompute::dropout(torch::matmul(h, w), 0.2, true);
     };
   };
   auto x = torch::randn({16, 64});
   auto grad_of = [&](bool checkpointed) {
     w.mutable_grad() = torch::Tensor();
     torch::manual_seed(11);
-    auto y = checkpointed ? lt::models::checkpoint(outer(true), {x}, {w}) : outer(false)({x});
+    auto y = checkpointed ? lt::recompute::in_backward(outer(true), {x}, {w}) : outer(false)({x});
     y.pow(2).sum().backward();
     return w.grad().clone();
   };
@@ -562,7 +562,7 @@ TEST(Checkpoint, RerunClearsTheCastCacheAndAFailedRerunRestoresTheCallersState) 
     torch::Tensor out;
     {
       lt::trainers::AutocastGuard ac("bf16", torch::kCPU);
-      out = lt::models::checkpoint(fn, {x}, {w});
+      out = lt::recompute::in_backward(fn, {x}, {w});
     }
     const auto before = meter.stats().current_bytes;
     torch::manual_seed(7);
@@ -660,9 +660,9 @@ TEST(Checkpoint, FusedLmLossHoldsOneChunkOfLogits) {
   EXPECT_LT(fused, plain / 3) << "plain " << plain << ", fused " << fused;
   EXPECT_FALSE([] {
     lt::trainers::AutocastGuard ac("fp16", torch::kCPU);
-    return lt::models::fused_lm_loss_applies(torch::kCPU);
+    return lt::recompute::fused_lm_loss_applies(torch::kCPU);
   }());
-  EXPECT_TRUE(lt::models::fused_lm_loss_applies(torch::kCPU));
+  EXPECT_TRUE(lt::recompute::fused_lm_loss_applies(torch::kCPU));
 }
 
 // Few tokens (one chunk): the fused loss's peak over forward + backward is the plain loss's,
@@ -681,7 +681,7 @@ TEST(Checkpoint, FusedLmLossBackwardScalesItsSavedGradientInPlace) {
     lt::MemoryMeter meter(-1);
     const int64_t before = meter.stats().current_bytes;
     meter.reset_peak();
-    auto loss = fused ? lt::models::fused_linear_cross_entropy(h, w, torch::Tensor(), t, 64)
+    auto loss = fused ? lt::recompute::fused_linear_cross_entropy(h, w, torch::Tensor(), t, 64)
                       : torch::nn::functional::cross_entropy(torch::nn::functional::linear(h, w), t);
     loss.backward();
     return std::make_pair(meter.stats().peak_bytes - before, w.grad());
@@ -694,7 +694,7 @@ TEST(Checkpoint, FusedLmLossBackwardScalesItsSavedGradientInPlace) {
 
   auto h = h0.clone().requires_grad_(true);
   auto w = w0.clone().requires_grad_(true);
-  auto loss = lt::models::fused_linear_cross_entropy(h, w, torch::Tensor(), t, 64);
+  auto loss = lt::recompute::fused_linear_cross_entropy(h, w, torch::Tensor(), t, 64);
   loss.backward({}, /*retain_graph=*/true);
   try {
     loss.backward();

@@ -10,7 +10,7 @@
 #include "leantrain/comm/buckets.h"
 #include "leantrain/comm/communicator.h"
 #include "leantrain/comm/grad_sync.h"
-#include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/recompute/recompute.h"
 #include "leantrain/models/model.h"
 
 namespace {

@@ -14,7 +14,7 @@
 
 #include <torch/torch.h>
 
-#include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/recompute/recompute.h"
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/errors.h"

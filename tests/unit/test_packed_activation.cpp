@@ -8,22 +8,22 @@
 
 #include <limits>
 
-#include "leantrain/models/packed_activation.h"
+#include "leantrain/recompute/packed_activation.h"
 #include "leantrain/runtime/memory_meter.h"
 
 namespace {
 
-using lt::models::mask_relu;
-using lt::models::nonzero_bits;
-using lt::models::pack_tensor;
-using lt::models::packed_bytes;
-using lt::models::unpack_tensor;
+using lt::recompute::mask_relu;
+using lt::recompute::nonzero_bits;
+using lt::recompute::pack_tensor;
+using lt::recompute::packed_bytes;
+using lt::recompute::unpack_tensor;
 
 // Restores the kernel choice a test changed.
 struct KernelChoice {
   bool before;
-  explicit KernelChoice(bool vector) : before(lt::models::set_packing_vector_kernels(vector)) {}
-  ~KernelChoice() { lt::models::set_packing_vector_kernels(before); }
+  explicit KernelChoice(bool vector) : before(lt::recompute::set_packing_vector_kernels(vector)) {}
+  ~KernelChoice() { lt::recompute::set_packing_vector_kernels(before); }
 };
 
 // A ReLU-like tensor: about `zeros` of its elements exactly zero, the rest random.
@@ -62,10 +62,10 @@ TEST(PackedActivation, RoundTripIsExactInEveryDtypeLayoutAndKernel) {
 }
 
 TEST(PackedActivation, VectorAndPortableKernelsAgree) {
-  if (!lt::models::set_packing_vector_kernels(true)) GTEST_SKIP() << "no AVX-512 (F, BW, VBMI2) on this CPU";
+  if (!lt::recompute::set_packing_vector_kernels(true)) GTEST_SKIP() << "no AVX-512 (F, BW, VBMI2) on this CPU";
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
     auto x = sparse({4, 33, 17, 19}, 0.4, dtype, 5);
-    lt::models::PackedTensor pv, pp;
+    lt::recompute::PackedTensor pv, pp;
     torch::Tensor bv, bp;
     {
       KernelChoice kc(true);
@@ -186,7 +186,7 @@ TEST(PackedActivation, ScaleWhereIsTheProductWithTheNoise) {
           if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
           auto draw = torch::empty_like(x).bernoulli_(1 - p);
           const auto expected = x * draw.clone().div_(1 - p);
-          const auto got = lt::models::scale_where(x, nonzero_bits(draw), torch::ones({1}, x.options()).div_(1 - p));
+          const auto got = lt::recompute::scale_where(x, nonzero_bits(draw), torch::ones({1}, x.options()).div_(1 - p));
           EXPECT_TRUE(bitwise_equal(got, expected));
         }
   }
@@ -235,7 +235,7 @@ TEST(PackedActivation, ConvKeepingPackedInputHasConvsGradientsBitwise) {
           {
             std::optional<Bf16Autocast> ac;
             if (autocast) ac.emplace();
-            y = packed ? lt::models::conv_keeping_packed_input(*conv, in, pack_tensor(x)) : conv->forward(in);
+            y = packed ? lt::recompute::conv_keeping_packed_input(*conv, in, pack_tensor(x)) : conv->forward(in);
           }
           torch::manual_seed(13);
           y.backward(torch::randn(y.sizes()).to(y.scalar_type()));
@@ -265,7 +265,7 @@ TEST(PackedActivation, ConvKeepingPackedInputHoldsOnlyThePack) {
   const int64_t pack_bytes = packed_bytes(*packed);
   ASSERT_LT(pack_bytes, x.nbytes());
   const auto before = meter.stats().current_bytes;
-  auto y = lt::models::conv_keeping_packed_input(*conv, stand_in, *packed);
+  auto y = lt::recompute::conv_keeping_packed_input(*conv, stand_in, *packed);
   packed.reset();  // the node's copy is what is left
   const auto held = meter.stats().current_bytes - before;
   EXPECT_LE(held, static_cast<int64_t>(y.nbytes()) + 4096) << "more than the output is held beyond the pack";
@@ -290,7 +290,7 @@ TEST(PackedActivation, BadInputIsRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("nonzero_bits: expected a dense floating-point tensor"), std::string::npos)
         << e.what();
   }
-  lt::models::PackedTensor p = pack_tensor(sparse({64}, 0.9, torch::kFloat, 2));
+  lt::recompute::PackedTensor p = pack_tensor(sparse({64}, 0.9, torch::kFloat, 2));
   ASSERT_TRUE(p.bits.defined());
   p.values = p.values.narrow(0, 0, p.values.numel() - 1);  // one value lost
   try {

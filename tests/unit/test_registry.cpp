@@ -61,8 +61,13 @@ TEST(Registry, ResolveFillsTheKindsDefaults) {
 
 TEST(Registry, EachKeyIsCheckedByItsKindAndNamed) {
   auto resolve = [](std::vector<std::string> sets) { lt::trainers::resolve_components(parsed(sets)); };
-  EXPECT_CONTAINS(config_error([&] { resolve({"model.kind=gpt", "model.hidden=[3]"}); }),
-                  "unknown key model.hidden for model.kind = \"gpt\"; its keys: vocab_size, seq_len");
+  // A key no model kind has is refused, listing the kind's keys; a key of another kind (a
+  // config switched with --set model.kind=...) is dropped, and config.json does not record it.
+  EXPECT_CONTAINS(config_error([&] { resolve({"model.kind=gpt", "model.hiden=[3]"}); }),
+                  "unknown key model.hiden for model.kind = \"gpt\"; its keys: vocab_size, seq_len");
+  const auto switched = lt::trainers::resolve_components(parsed({"model.kind=gpt", "model.hidden=[3]"}));
+  EXPECT_FALSE(switched.model.options.has("hidden"));
+  EXPECT_EQ(nlohmann::json::parse(lt::config_to_json(switched))["model"].count("hidden"), 0u);
   EXPECT_CONTAINS(config_error([&] { resolve({"model.kind=gpt", "model.d_model=0"}); }),
                   "model.d_model = 0: must be >= 1");
   EXPECT_CONTAINS(config_error([&] { resolve({"model.kind=gpt", "model.d_model=100", "model.n_head=3"}); }),
@@ -80,8 +85,9 @@ TEST(Registry, EachKeyIsCheckedByItsKindAndNamed) {
   EXPECT_CONTAINS(config_error([&] { resolve({"data.kind=text", "data.mask_prob=0"}); }),
                   "data.mask_prob = 0.0: must be in (0, 1]");
   EXPECT_CONTAINS(config_error([&] { resolve({"data.path=\"\""}); }), "data.path = \"\": give a path");
-  EXPECT_CONTAINS(config_error([&] { resolve({"data.kind=synthetic", "data.path=/x"}); }),
-                  "unknown key data.path for data.kind = \"synthetic\"; its keys: synthetic_samples, mask_prob");
+  EXPECT_CONTAINS(config_error([&] { resolve({"data.kind=synthetic", "data.paht=/x"}); }),
+                  "unknown key data.paht for data.kind = \"synthetic\"; its keys: synthetic_samples, mask_prob");
+  EXPECT_NO_THROW(resolve({"data.kind=synthetic", "data.path=/x"}));  // fashion_mnist's and text's key
   // An integer where a number is expected is taken.
   EXPECT_NO_THROW(resolve({"model.dropout=0"}));
 }

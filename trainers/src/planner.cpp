@@ -17,7 +17,7 @@
 #include "leantrain/comm/communicator.h"
 #include "leantrain/data/dataset.h"
 #include "leantrain/data/registry.h"
-#include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/recompute/recompute.h"
 #include "leantrain/models/model.h"
 #include "leantrain/models/registry.h"
 #include "leantrain/runtime/errors.h"

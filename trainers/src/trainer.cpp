@@ -13,7 +13,7 @@
 
 #include "leantrain/data/data.h"
 #include "leantrain/data/registry.h"
-#include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/recompute/recompute.h"
 #include "leantrain/models/registry.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/files.h"

@@ -22,6 +22,8 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include "leantrain/models/model_config.h"
+#include "leantrain/recompute/lm_loss.h"
+#include "leantrain/recompute/recompute.h"
 #include "leantrain/runtime/contract.h"
 
 namespace lt::models {
@@ -44,19 +46,17 @@ class BlockImpl : public torch::nn::Module {
 using BlockRunner =
     std::function<torch::Tensor(size_t index, BlockImpl& block, const torch::Tensor& x)>;
 
-/// A function of tensors that can be recomputed in backward (see checkpoint() in
-/// activation_checkpoint.h for what it must obey: the same path twice, dropout through
-/// lt::models::dropout).
-using RecomputeFn = std::function<torch::Tensor(const std::vector<torch::Tensor>& inputs)>;
-
-/// memory.recompute parsed (activation_checkpoint.h).
-struct RecomputePolicy;
+/// The recompute layer's function type and policy (recompute/recompute.h), as models name them.
+using recompute::RecomputeFn;
+using recompute::RecomputePolicy;
+/// The former name, kept for callers.
+using CheckpointPolicy = RecomputePolicy;
 
 /// A region of a forward that is cheap to recompute but keeps large activations for backward
 /// (the attention core: its [B,H,T,T] scores and probabilities for a few FLOPs). The module
 /// that computes it keeps one CheapRegion and runs the region through run(); the model marks
 /// it with Model::mark_cheap. Under the `selective` policy a marked region is recomputed in
-/// backward (run() is then checkpoint(fn, inputs, params), bitwise the same values and
+/// backward (run() is then recompute::in_backward(fn, inputs, params), bitwise the same values and
 /// gradients); under every other policy, or while unmarked, run() is fn(inputs). Copies share
 /// one switch, so the copy the model keeps turns the module's on and off.
 class CheapRegion {
@@ -82,9 +82,9 @@ class Model : public torch::nn::Module {
   /// The mean training loss of a batch (compute_loss on forward()'s logits in fp32).
   /// Language models override it so that the [B,T,V] logits never exist at once: in
   /// training, the head fused with its cross-entropy in chunks of tokens (Note [Fused LM
-  /// loss] in lm_loss.cpp) unless set_fused_loss(false) or autocast is fp16; then, when
+  /// loss] in recompute/src/lm_loss.cpp) unless set_fused_loss(false) or autocast is fp16; then, when
   /// set_loss_chunk_tokens() asks for it, the head and cross-entropy in checkpointed chunks
-  /// (Note [Chunked LM loss] in activation_checkpoint.cpp); else the plain loss.
+  /// (Note [Chunked LM loss] in recompute/src/recompute.cpp); else the plain loss.
   virtual torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target);
   /// forward / forward_loss with the named inputs a model's InputContract::fields lists
   /// (Batch::fields, on the model's device). The trainer calls these; the defaults ignore the
@@ -177,6 +177,15 @@ int64_t count_parameters(const torch::nn::Module& m);
 torch::Tensor compute_loss(Task task, const torch::Tensor& logits, const torch::Tensor& target);
 
 /// The ignore_index of compute_loss for language-model targets.
-constexpr int64_t kIgnoreIndex = -100;
+constexpr int64_t kIgnoreIndex = recompute::kIgnoreIndex;
+
+/// Installs the policy on a model: model.apply_recompute(policy) (what the default recomputes
+/// under each policy is said there; GPT and BERT mark their attention cores cheap, so
+/// selective recomputes those — Megatron-LM's selective recompute; ResNet overrides it: full
+/// recomputes the stem and every block's residual branch and shortcut as separate units,
+/// selective the stem and the first stage's blocks the same way, every:K whole blocks, Note
+/// [ResNet checkpoint units] in resnet.cpp; MLP keeps the default, so selective recomputes
+/// nothing there).
+void apply_checkpoint_policy(Model& model, const RecomputePolicy& policy);
 
 }  // namespace lt::models

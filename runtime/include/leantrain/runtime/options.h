@@ -73,6 +73,15 @@ class Options {
 Options resolve_options(const std::string& section, const std::string& kind, const OptionTable& table,
                         const Options& given);
 
+/// `given` without the keys `own` lacks but another kind of the section has (`others`: kind
+/// name -> its table): a config written for one kind and switched to another with --set keeps
+/// the first kind's keys, which the second ignores. Each dropped key is described in
+/// `dropped` ("model.block (an option of kind resnet)"). Keys no table has stay, for
+/// resolve_options to refuse as unknown (a misspelt key is an error whatever the kind).
+Options without_other_kinds_keys(const std::string& section, const OptionTable& own,
+                                 const std::vector<std::pair<std::string, const OptionTable*>>& others,
+                                 const Options& given, std::vector<std::string>* dropped);
+
 /// A component kind's options as a Markdown section: a heading `### [section] kind = "name"`,
 /// the doc, and a table of key | type | default | rule | meaning. docs/CONFIG.md holds
 /// these sections for the built-in kinds (a test compares).

@@ -9,7 +9,7 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/types.h>
 
-namespace lt::models {
+namespace lt::recompute {
 
 /// A tensor kept as its nonzero elements and a bit mask of where they are, in the order the
 /// elements lie in memory (so any dense layout, channels-last included, packs without a
@@ -60,4 +60,4 @@ at::Tensor conv_keeping_packed_input(torch::nn::Conv2dImpl& conv, const at::Tens
 bool packing_vector_kernels();
 bool set_packing_vector_kernels(bool on);
 
-}  // namespace lt::models
+}  // namespace lt::recompute

@@ -1,8 +1,11 @@
 #pragma once
-// Activation recompute for LibTorch C++, which has no torch.utils.checkpoint (pytorch
-// issue #52744): a function runs without keeping its intermediate activations and is
-// recomputed in backward. See Note [Activation checkpoint recompute] in the .cpp. (The file
-// and checkpoint() keep the PyTorch name; elsewhere "checkpoint" means a state file.)
+// The recompute layer, below the models: activation recompute for LibTorch C++, which has no
+// torch.utils.checkpoint (pytorch issue #52744). A function runs without keeping its
+// intermediate activations and is recomputed in backward (in_backward; Note [Activation
+// checkpoint recompute] in recompute.cpp), with the pieces that make that cheap: dropout masks
+// kept as bits, packed block inputs (packed_activation.h), chunked and fused LM losses
+// (lm_loss.h), and the memory.recompute policy. Nothing here knows a model: models/ says what
+// to recompute (Model::apply_recompute). In leantrain's names "checkpoint" means a state file.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -12,10 +15,13 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 
-#include "leantrain/models/model.h"
-#include "leantrain/models/packed_activation.h"
+#include "leantrain/recompute/packed_activation.h"
 
-namespace lt::models {
+namespace lt::recompute {
+
+/// A function of tensors that can be recomputed in backward (see in_backward for what it must
+/// obey: the same path twice, dropout through lt::recompute::dropout).
+using RecomputeFn = std::function<torch::Tensor(const std::vector<torch::Tensor>& inputs)>;
 
 /// Returns fn(inputs) with autograd history but without fn's saved activations; backward
 /// reruns fn with the RNG state (CPU and CUDA) and autocast state of this call, then
@@ -26,11 +32,11 @@ namespace lt::models {
 /// plain backward(), the parameters' gradients are added to their .grad as soon as the rerun
 /// computes them (Note [Rerun gradients]): pass each parameter to one checkpoint, or the
 /// order of that addition can differ from the uncheckpointed graph's by rounding.
-torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params,
                          torch::nn::Module* buffers_of = nullptr);
 /// The same with the buffers of several modules restored (a segment of blocks).
-torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params,
                          const std::vector<torch::nn::Module*>& buffers_of);
 /// A unit that begins with a convolution and ends with a BatchNorm: last(middle({first(x)})).
@@ -44,7 +50,7 @@ struct ConvUnit {
 /// first's backward rebuilds it again (Note [Packed input kept through the rerun]); the rerun
 /// does not compute last's output (Note [A unit's last BatchNorm is not rerun]). Units that
 /// share an input share its packed tensors. `params` are first's, middle's and last's.
-torch::Tensor checkpoint(const ConvUnit& unit, const torch::Tensor& x, const PackedTensor& packed,
+torch::Tensor in_backward(const ConvUnit& unit, const torch::Tensor& x, const PackedTensor& packed,
                          const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of);
 
 /// torch::dropout(x, p, train), bitwise, except inside a checkpointed function on the CPU:
@@ -68,22 +74,10 @@ struct RecomputePolicy {
   /// "none" | "full" | "every:K" | "selective". Throws ConfigError naming
   /// memory.recompute otherwise ("auto" is resolved by the planner).
   static RecomputePolicy parse(const std::string& text);
-  /// Whether the default Model::apply_recompute recomputes registered block `index` whole:
+  /// Whether models::Model::apply_recompute's default recomputes registered block `index` whole:
   /// full: every block; every:K: index % K == 0; none and selective: none (selective
   /// recomputes only the regions a model marks cheap).
   bool checkpoints_block(size_t index) const;
   std::string to_string() const;
 };
-/// The former name, kept for callers.
-using CheckpointPolicy = RecomputePolicy;
-
-/// Installs the policy on a model: model.apply_recompute(policy) (model.h says what the
-/// default recomputes under each policy; GPT and BERT mark their attention cores cheap, so
-/// selective recomputes those — Megatron-LM's selective recompute; ResNet overrides it:
-/// full recomputes the stem and every block's residual branch and shortcut as separate
-/// units, selective the stem and the first stage's blocks the same way, every:K whole
-/// blocks, Note [ResNet checkpoint units] in resnet.cpp; MLP keeps the default, so
-/// selective recomputes nothing there).
-void apply_checkpoint_policy(Model& model, const RecomputePolicy& policy);
-
-}  // namespace lt::models
+}  // namespace lt::recompute

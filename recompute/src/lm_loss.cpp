@@ -1,11 +1,10 @@
-#include "leantrain/models/lm_loss.h"
+#include "leantrain/recompute/lm_loss.h"
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
-#include "leantrain/models/model.h"
 
-namespace lt::models {
+namespace lt::recompute {
 
 // Note [Fused LM loss]
 // A language model's head and loss are its largest activations: GPT-2 at micro-batch 8 and
@@ -153,4 +152,4 @@ torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torc
                                         compute, has_bias);
 }
 
-}  // namespace lt::models
+}  // namespace lt::recompute

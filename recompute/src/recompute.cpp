@@ -1,4 +1,6 @@
-#include "leantrain/models/activation_checkpoint.h"
+#include "leantrain/recompute/recompute.h"
+
+#include "leantrain/recompute/lm_loss.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/Context.h>
@@ -12,7 +14,7 @@
 
 #include "leantrain/runtime/errors.h"
 
-namespace lt::models {
+namespace lt::recompute {
 namespace {
 
 // Note [Activation checkpoint recompute]
@@ -32,7 +34,7 @@ namespace {
 // drawing them again is what torch.utils.checkpoint does; on the CPU drawing is the
 // expensive part of dropout (one bernoulli_ over [8, 12, 512, 512] attention probabilities
 // takes about as long as a bf16 block's matmuls with AMX), so `selective`, which reruns the
-// attention core, paid for it once more per layer. Instead, lt::models::dropout inside a
+// attention core, paid for it once more per layer. Instead, lt::recompute::dropout inside a
 // checkpointed function keeps its mask as one bit per element (3 MiB for those probabilities,
 // against 96 MiB for the fp32 mask that un-checkpointed dropout saves) on the checkpoint's
 // tape, and the rerun multiplies by the noise those bits describe (1 / (1 - p) where the draw
@@ -44,7 +46,7 @@ namespace {
 // every recording checkpoint on the stack records them, so a checkpoint that runs inside
 // another's rerun replays what that rerun used. Only the CPU: on CUDA, torch::dropout runs a
 // fused kernel (native_dropout) with its own draws, and drawing is cheap there.
-// A random op other than lt::models::dropout inside a checkpointed function still draws from
+// A random op other than lt::recompute::dropout inside a checkpointed function still draws from
 // the restored RNG in the rerun; after a replayed dropout (which draws nothing) it would see
 // another part of the stream, so such functions must not mix the two (none of ours do).
 struct DropoutTape {
@@ -422,12 +424,12 @@ torch::Tensor apply_checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>&
 
 }  // namespace
 
-torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
   return apply_checkpoint(std::move(fn), inputs, params, buffers_of, std::nullopt);
 }
 
-torch::Tensor checkpoint(const ConvUnit& unit, const torch::Tensor& x, const PackedTensor& packed,
+torch::Tensor in_backward(const ConvUnit& unit, const torch::Tensor& x, const PackedTensor& packed,
                          const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
   TORCH_CHECK(unit.first && unit.last && unit.middle, "checkpoint: a ConvUnit needs its first convolution, its "
                                                       "middle and its last BatchNorm");
@@ -469,11 +471,11 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
   return x * noise;
 }
 
-torch::Tensor checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params, torch::nn::Module* buffers_of) {
   std::vector<torch::nn::Module*> modules;
   if (buffers_of) modules.push_back(buffers_of);
-  return checkpoint(std::move(fn), inputs, params, modules);
+  return in_backward(std::move(fn), inputs, params, modules);
 }
 
 // Note [Chunked LM loss]
@@ -546,28 +548,4 @@ std::string RecomputePolicy::to_string() const {
   return "none";
 }
 
-torch::Tensor CheapRegion::run(const RecomputeFn& fn, const std::vector<torch::Tensor>& inputs,
-                               const std::vector<torch::Tensor>& params) const {
-  return *on_ ? checkpoint(fn, inputs, params) : fn(inputs);
-}
-
-void Model::apply_recompute(const RecomputePolicy& policy) {
-  using Kind = RecomputePolicy::Kind;
-  const bool whole_blocks = policy.kind == Kind::kFull || policy.kind == Kind::kEvery;
-  set_loss_chunk_tokens(whole_blocks ? -1 : 0);
-  for (auto& [name, region] : cheap_regions_) region.set_recompute(policy.kind == Kind::kSelective);
-  if (!whole_blocks) {
-    set_block_runner({});
-    return;
-  }
-  set_block_runner([policy](size_t i, BlockImpl& block, const torch::Tensor& x) {
-    if (!policy.checkpoints_block(i) || !block.is_training()) return block.forward(x);
-    std::vector<torch::Tensor> params = block.parameters();
-    return checkpoint([&block](const std::vector<torch::Tensor>& in) { return block.forward(in[0]); }, {x},
-                      params, &block);
-  });
-}
-
-void apply_checkpoint_policy(Model& model, const RecomputePolicy& policy) { model.apply_recompute(policy); }
-
-}  // namespace lt::models
+}  // namespace lt::recompute

@@ -1,9 +1,12 @@
 #pragma once
 // The language-model head fused with its cross-entropy (Note [Fused LM loss] in
-// models/src/lm_loss.cpp).
+// recompute/src/lm_loss.cpp).
 #include <torch/types.h>
 
-namespace lt::models {
+namespace lt::recompute {
+
+/// The target value language-model losses skip (torch's cross_entropy ignore_index).
+constexpr int64_t kIgnoreIndex = -100;
 
 /// Mean cross-entropy of linear(hidden, weight, bias) against target over the tokens whose
 /// target is not kIgnoreIndex, as torch cross_entropy on the logits in fp32 would give it,
@@ -24,4 +27,4 @@ bool fused_lm_loss_applies(c10::DeviceType device);
 /// Rows per chunk so that one chunk's fp32 logits take about 64 MiB (at least 64).
 int64_t lm_loss_chunk_tokens(int64_t vocab);
 
-}  // namespace lt::models
+}  // namespace lt::recompute

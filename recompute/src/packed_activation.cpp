@@ -1,4 +1,4 @@
-#include "leantrain/models/packed_activation.h"
+#include "leantrain/recompute/packed_activation.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <immintrin.h>
 
-namespace lt::models {
+namespace lt::recompute {
 
 // Note [Packed block inputs]
 // A checkpointed ResNet keeps one tensor per block: its input, the previous block's ReLU
@@ -713,4 +713,4 @@ at::Tensor mask_relu(const at::Tensor& x) {
   return MaskRelu::apply(x)[0];
 }
 
-}  // namespace lt::models
+}  // namespace lt::recompute
