@@ -20,7 +20,7 @@ namespace {
 // c10d's Reducer uses — fires exactly once per parameter per backward, with .grad final:
 //  - a parameter used twice (GPT's tied embedding and head, the chunked LM loss) has one
 //    AccumulateGrad with several incoming edges: one run, after the last of them;
-//  - under activation checkpointing (models/activation_checkpoint.cpp, Note [Rerun
+//  - under activation checkpointing (recompute/src/recompute.cpp, Note [Rerun
 //    gradients]) a plain backward's rerun runs the parameters' AccumulateGrad nodes itself,
 //    each once, with the gradient, as soon as it is computed; the checkpoint Function then
 //    hands the outer backward no gradient for them, and the outer backward runs the same

@@ -2,12 +2,10 @@
 #include "leantrain/data/registry.h"
 
 #include <algorithm>
-#include <deque>
-#include <mutex>
 #include <stdexcept>
 
 #include "leantrain/runtime/errors.h"
-#include "leantrain/runtime/log.h"
+#include "leantrain/runtime/registry.h"
 
 namespace lt::data {
 namespace {
@@ -63,29 +61,26 @@ DataKind builtin(const std::string& name, std::string doc, Bound bound) {
   return k;
 }
 
-struct Registry {
-  std::mutex mu;
-  std::deque<DataKind> kinds;  // push_back keeps references to the others valid
-  Registry() {
-    kinds.push_back(builtin("fashion_mnist",
-                            "Fashion-MNIST from IDX files: images [B,1,28,28] normalised, labels of 10 classes; "
-                            "train = train-*, eval = t10k-* (the default kind).",
-                            fashion_options()));
-    kinds.push_back(builtin("text",
-                            "Byte-level text: non-overlapping windows of the model's seq_len + 1 bytes; next-token "
-                            "or masked-token targets ([MASK] = 256), as the model's contract asks.",
-                            text_options()));
-    kinds.push_back(builtin("synthetic",
-                            "Generated samples, a pure function of (seed, index): token sequences following one "
-                            "of 4 affine rules, or images labelled by a fixed random template, to the model's "
-                            "contract.",
-                            synthetic_options()));
-  }
-};
-
-Registry& registry() {
-  static Registry r;
-  return r;
+// The built-in kinds first, registered when the registry is first used.
+KindRegistry<DataKind>& registry() {
+  static KindRegistry<DataKind>* r = [] {
+    auto* reg = new KindRegistry<DataKind>("data");  // never destroyed: kinds outlive static teardown
+    reg->add(builtin("fashion_mnist",
+                     "Fashion-MNIST from IDX files: images [B,1,28,28] normalised, labels of 10 classes; "
+                     "train = train-*, eval = t10k-* (the default kind).",
+                     fashion_options()));
+    reg->add(builtin("text",
+                     "Byte-level text: non-overlapping windows of the model's seq_len + 1 bytes; next-token "
+                     "or masked-token targets ([MASK] = 256), as the model's contract asks.",
+                     text_options()));
+    reg->add(builtin("synthetic",
+                     "Generated samples, a pure function of (seed, index): token sequences following one "
+                     "of 4 affine rules, or images labelled by a fixed random template, to the model's "
+                     "contract.",
+                     synthetic_options()));
+    return reg;
+  }();
+  return *r;
 }
 
 const Bound& builtin_bound(const std::string& kind) {
@@ -96,52 +91,16 @@ const Bound& builtin_bound(const std::string& kind) {
   throw ConfigError("data.kind = \"" + kind + "\": not a built-in kind (fashion_mnist | text | synthetic)");
 }
 
-// The given options without the keys of the section's other kinds (a config switched to
-// `kind` with --set), each dropped key logged once.
-Options own_options(const std::string& kind, const OptionTable& table, const Options& given) {
-  std::vector<std::pair<std::string, const OptionTable*>> others;
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    for (const auto& k : r.kinds)
-      if (k.name != kind) others.emplace_back(k.name, &k.options);
-  }
-  std::vector<std::string> dropped;
-  Options own = without_other_kinds_keys("data", table, others, given, &dropped);
-  for (const auto& d : dropped) log::info("ignoring " + d + ": data.kind is " + kind);
-  return own;
-}
-
 }  // namespace
 
 void register_data(DataKind kind) {
-  if (kind.name.empty()) throw std::invalid_argument("register_data: the kind needs a name");
   if (!kind.make) throw std::invalid_argument("register_data(\"" + kind.name + "\"): give make");
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  for (const auto& k : r.kinds)
-    if (k.name == kind.name) throw std::invalid_argument("register_data: \"" + kind.name + "\" is already registered");
-  r.kinds.push_back(std::move(kind));
+  registry().add(std::move(kind));
 }
 
-const DataKind& data_kind(const std::string& name) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  std::string names;
-  for (const auto& k : r.kinds) {
-    if (k.name == name) return k;
-    names += (names.empty() ? "" : " | ") + k.name;
-  }
-  throw ConfigError("data.kind = \"" + name + "\": no such data kind; registered: " + names);
-}
+const DataKind& data_kind(const std::string& name) { return registry().find(name); }
 
-std::vector<std::string> data_kind_names() {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  std::vector<std::string> out;
-  for (const auto& k : r.kinds) out.push_back(k.name);
-  return out;
-}
+std::vector<std::string> data_kind_names() { return registry().names(); }
 
 const std::string& default_data_kind() {
   static const std::string kind = "fashion_mnist";
@@ -151,8 +110,7 @@ const std::string& default_data_kind() {
 DataSection resolve_data(const DataSection& section) {
   DataSection out = section;
   out.kind = section.kind.empty() ? default_data_kind() : section.kind;
-  const OptionTable& table = data_kind(out.kind).options;
-  out.options = resolve_options("data", out.kind, table, own_options(out.kind, table, section.options));
+  out.options = registry().resolve(out.kind, section.options);
   return out;
 }
 

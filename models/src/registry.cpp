@@ -2,8 +2,6 @@
 // members of ModelConfig it reads, its cross-key checks, its contract and its factory.
 #include "leantrain/models/registry.h"
 
-#include <deque>
-#include <mutex>
 #include <stdexcept>
 
 #include <torch/torch.h>
@@ -13,7 +11,7 @@
 #include "leantrain/models/mlp.h"
 #include "leantrain/models/resnet.h"
 #include "leantrain/runtime/errors.h"
-#include "leantrain/runtime/log.h"
+#include "leantrain/runtime/registry.h"
 
 namespace lt::models {
 namespace {
@@ -118,28 +116,24 @@ ModelKind builtin(const std::string& name, std::string doc, Bound bound, std::fu
   return k;
 }
 
-struct Registry {
-  std::mutex mu;
-  std::deque<ModelKind> kinds;  // push_back keeps references to the others valid
-  Registry() {
-    kinds.push_back(builtin<MLP>("mlp", "A multi-layer perceptron over flattened images (the default kind).",
-                                 mlp_options(), {}, image_contract));
-    kinds.push_back(builtin<GPT>("gpt", "A GPT-2 style decoder: causal language modelling, next-token targets.",
-                                 gpt_options(), check_heads,
-                                 [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kNextToken); }));
-    kinds.push_back(builtin<Bert>("bert", "A BERT encoder with a masked-LM head: masked-token targets.",
-                                  bert_options(), check_heads, [](const ModelConfig& c) {
-                                    return token_contract(c, InputContract::Target::kMaskedTokens);
-                                  }));
-    kinds.push_back(builtin<ResNet>(
+// The built-in kinds first, registered when the registry is first used.
+KindRegistry<ModelKind>& registry() {
+  static KindRegistry<ModelKind>* r = [] {
+    auto* reg = new KindRegistry<ModelKind>("model");  // never destroyed: kinds outlive static teardown
+    reg->add(builtin<MLP>("mlp", "A multi-layer perceptron over flattened images (the default kind).",
+                          mlp_options(), {}, image_contract));
+    reg->add(builtin<GPT>("gpt", "A GPT-2 style decoder: causal language modelling, next-token targets.",
+                          gpt_options(), check_heads,
+                          [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kNextToken); }));
+    reg->add(builtin<Bert>("bert", "A BERT encoder with a masked-LM head: masked-token targets.", bert_options(),
+                           check_heads,
+                           [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kMaskedTokens); }));
+    reg->add(builtin<ResNet>(
         "resnet", "A ResNet image classifier (torchvision's layout, BatchNorm, zero-initialised last norms).",
         resnet_options(), [](const ModelConfig& c) { (void)resnet_layout(c); }, image_contract));
-  }
-};
-
-Registry& registry() {
-  static Registry r;
-  return r;
+    return reg;
+  }();
+  return *r;
 }
 
 const Bound& builtin_bound(const std::string& kind) {
@@ -151,53 +145,17 @@ const Bound& builtin_bound(const std::string& kind) {
   throw ConfigError("model.kind = \"" + kind + "\": not a built-in kind (gpt | bert | resnet | mlp)");
 }
 
-// The given options without the keys of the section's other kinds (a config switched to
-// `kind` with --set), each dropped key logged once.
-Options own_options(const std::string& kind, const OptionTable& table, const Options& given) {
-  std::vector<std::pair<std::string, const OptionTable*>> others;
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    for (const auto& k : r.kinds)
-      if (k.name != kind) others.emplace_back(k.name, &k.options);
-  }
-  std::vector<std::string> dropped;
-  Options own = without_other_kinds_keys("model", table, others, given, &dropped);
-  for (const auto& d : dropped) log::info("ignoring " + d + ": model.kind is " + kind);
-  return own;
-}
-
 }  // namespace
 
 void register_model(ModelKind kind) {
-  if (kind.name.empty()) throw std::invalid_argument("register_model: the kind needs a name");
   if (!kind.contract || !kind.build)
     throw std::invalid_argument("register_model(\"" + kind.name + "\"): give both contract and build");
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  for (const auto& k : r.kinds)
-    if (k.name == kind.name) throw std::invalid_argument("register_model: \"" + kind.name + "\" is already registered");
-  r.kinds.push_back(std::move(kind));
+  registry().add(std::move(kind));
 }
 
-const ModelKind& model_kind(const std::string& name) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  std::string names;
-  for (const auto& k : r.kinds) {
-    if (k.name == name) return k;
-    names += (names.empty() ? "" : " | ") + k.name;
-  }
-  throw ConfigError("model.kind = \"" + name + "\": no such model kind; registered: " + names);
-}
+const ModelKind& model_kind(const std::string& name) { return registry().find(name); }
 
-std::vector<std::string> model_kind_names() {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  std::vector<std::string> out;
-  for (const auto& k : r.kinds) out.push_back(k.name);
-  return out;
-}
+std::vector<std::string> model_kind_names() { return registry().names(); }
 
 const std::string& default_model_kind() {
   static const std::string kind = "mlp";
@@ -207,8 +165,8 @@ const std::string& default_model_kind() {
 ModelSection resolve_model(const ModelSection& section) {
   ModelSection out;
   out.kind = section.kind.empty() ? default_model_kind() : section.kind;
+  out.options = registry().resolve(out.kind, section.options);
   const ModelKind& k = model_kind(out.kind);
-  out.options = resolve_options("model", out.kind, k.options, own_options(out.kind, k.options, section.options));
   if (k.check) k.check(out.options);
   return out;
 }

@@ -109,7 +109,7 @@ class Model : public torch::nn::Module {
   ///  - full / every:K: the blocks registered with add_block (all of them / blocks 0, K,
   ///    2K, ...) are recomputed whole, in training with autograd on, through the block
   ///    runner; language models also compute their head + loss in recomputed chunks
-  ///    (set_loss_chunk_tokens(-1); Note [Chunked LM loss] in activation_checkpoint.cpp);
+  ///    (set_loss_chunk_tokens(-1); Note [Chunked LM loss] in recompute/src/recompute.cpp);
   ///  - selective: only the regions marked with mark_cheap are recomputed (GPT and BERT
   ///    mark their attention cores). A model that marks none recomputes nothing under
   ///    selective: it trains as under none.
