@@ -47,6 +47,40 @@ Bound synthetic_options() {
   return b;
 }
 
+BoundOptions<TokenShardsConfig> shard_options() {
+  using C = TokenShardsConfig;
+  BoundOptions<C> b;
+  b.add("train", &C::train, "training shards: a glob (\"data/fortunes_train_*.bin\"), a directory (its *.bin) or a file",
+        non_empty())
+      .add("eval", &C::eval, "evaluation shards, the same way; empty: no evaluation")
+      .add("format", &C::format, "llm.c (256 x int32 header) or raw (headerless, nanoGPT's .bin)",
+           rules::one_of({"llm.c", "raw"}))
+      .add("dtype", &C::dtype, "token type: required for raw (uint16 | uint32); for llm.c the header says")
+      .add("vocab_size", &C::vocab_size, "the tokenizer's vocabulary (every token is checked below it); 0: the model's",
+           rules::at_least(0))
+      .add("mask_id", &C::mask_id, "masked targets: the tokenizer's [MASK] id (required then)", rules::at_least(-1))
+      .add("special_ids", &C::special_ids, "masked targets: ids never masked ([CLS], [SEP], [PAD], ...)",
+           rules::at_least(0))
+      .add("mask_prob", &C::mask_prob, "masked targets: share of positions masked", kMaskProb);
+  return b;
+}
+
+DataKind token_shards_kind() {
+  const auto bound = shard_options();
+  DataKind k;
+  k.name = "token_shards";
+  k.doc = "Pre-tokenized shards, memory-mapped (llm.c's format, or headerless uint16/uint32): windows of the "
+          "model's seq_len + 1 tokens within each shard, next-token or masked-token targets "
+          "(tools/prepare_shards.py writes them).";
+  k.options = bound.table();
+  k.make = [bound](const Options& o, uint64_t seed, const InputContract& model) {
+    TokenShardsConfig c = bound.read(o);
+    c.seed = seed;
+    return make_token_shards(c, model);
+  };
+  return k;
+}
+
 DataKind builtin(const std::string& name, std::string doc, Bound bound) {
   DataKind k;
   k.name = name;
@@ -78,6 +112,7 @@ KindRegistry<DataKind>& registry() {
                      "of 4 affine rules, or images labelled by a fixed random template, to the model's "
                      "contract.",
                      synthetic_options()));
+    reg->add(token_shards_kind());
     return reg;
   }();
   return *r;

@@ -10,20 +10,29 @@
 namespace lt::data::detail {
 
 int64_t bert_mask(int64_t* input, int64_t* target, int64_t T, uint64_t seed, int64_t epoch, int64_t index,
-                  double mask_prob, int64_t mask_token, int64_t random_vocab) {
+                  double mask_prob, int64_t mask_token, int64_t random_vocab, const std::vector<int64_t>& never) {
   std::mt19937_64 rng(mix_seed({seed, kStreamMask, static_cast<uint64_t>(epoch), static_cast<uint64_t>(index)}));
+  auto special = [&](int64_t p) { return std::find(never.begin(), never.end(), input[p]) != never.end(); };
   std::vector<char> chosen(static_cast<size_t>(T), 0);
   int64_t n = 0;
   for (int64_t p = 0; p < T; ++p) {
-    if (uniform01(rng) < mask_prob) {
+    if (uniform01(rng) < mask_prob && !special(p)) {  // one draw per position whatever the token
       chosen[static_cast<size_t>(p)] = 1;
       ++n;
     }
   }
-  // A sample with no target would contribute nothing (and 0/0 to a per-sample mean).
+  // A sample with no target would contribute nothing (and 0/0 to a per-sample mean): choose
+  // one position, the next one that is not special from a random start.
   if (n == 0 && T > 0) {
-    chosen[bounded(rng, static_cast<uint64_t>(T))] = 1;
-    n = 1;
+    const auto start = static_cast<int64_t>(bounded(rng, static_cast<uint64_t>(T)));
+    for (int64_t k = 0; k < T; ++k) {
+      const int64_t p = (start + k) % T;
+      if (!special(p)) {
+        chosen[static_cast<size_t>(p)] = 1;
+        n = 1;
+        break;
+      }
+    }
   }
   for (int64_t p = 0; p < T; ++p) {
     if (!chosen[static_cast<size_t>(p)]) {

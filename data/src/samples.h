@@ -8,9 +8,10 @@ namespace lt::data::detail {
 
 /// BERT masked-LM corruption of one sample of length T. On entry `input` holds the original
 /// tokens; on exit the corrupted ones, and `target` the original token at chosen positions and
-/// -100 elsewhere. Randomness comes only from (seed, epoch, index). Returns how many were chosen.
+/// -100 elsewhere. Randomness comes only from (seed, epoch, index). Positions holding a token in
+/// `never` ([CLS], [SEP], [PAD]) are never chosen. Returns how many were chosen.
 int64_t bert_mask(int64_t* input, int64_t* target, int64_t T, uint64_t seed, int64_t epoch, int64_t index,
-                  double mask_prob, int64_t mask_token, int64_t random_vocab);
+                  double mask_prob, int64_t mask_token, int64_t random_vocab, const std::vector<int64_t>& never = {});
 
 /// Synthetic token rules: t[i+1] = (a*t[i] + b) mod vocab, 4 (a, b) pairs fixed by the seed.
 struct TokenRules {

@@ -94,6 +94,27 @@ struct Datasets {
 /// a present but malformed file -> lt::DataError naming the file.
 Datasets make_datasets(const DataConfig& data, const lt::InputContract& model);
 
+/// The options of the token_shards kind (llm.c / nanoGPT token shards; shards.h).
+struct TokenShardsConfig {
+  std::string train;                // shard files: a glob, a directory (its *.bin) or a file
+  std::string eval;                 // the same for evaluation; empty: no evaluation
+  std::string format = "llm.c";     // llm.c | raw (headerless)
+  std::string dtype;                // raw: uint16 | uint32; llm.c: empty (the header says) or the same
+  int64_t vocab_size = 0;           // the tokenizer's; 0: the model's. Every token must be below it
+  int64_t mask_id = -1;             // masked targets: the tokenizer's [MASK] id
+  std::vector<int64_t> special_ids; // masked targets: ids never masked ([CLS], [SEP], [PAD], ...)
+  double mask_prob = 0.15;
+  uint64_t seed = 1234;
+};
+
+/// Train/eval datasets over token shards for a token model: window i (shards.h,
+/// ShardWindows) gives input = w[0:T] and, for next-token targets, target = w[1:T+1]; for
+/// masked targets the input is masked as the text kind does, with cfg.mask_id as [MASK],
+/// replacements drawn below the vocabulary and cfg.special_ids never masked. Throws
+/// lt::ConfigError for a model that does not take tokens, a vocabulary larger than the
+/// model's, or masked targets without mask_id; lt::DataError naming the file for a bad shard.
+Datasets make_token_shards(const TokenShardsConfig& cfg, const lt::InputContract& model);
+
 /// The first n samples of `data` (data.limit): `data` itself when n <= 0 or n >= its size.
 std::shared_ptr<Dataset> first_samples(std::shared_ptr<Dataset> data, int64_t n);
 
