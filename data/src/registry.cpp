@@ -153,8 +153,8 @@ Datasets make_datasets(const DataSection& section, const InputContract& model) {
   const DataSection s = resolve_data(section);
   Datasets d = data_kind(s.kind).make(s.options, s.seed, model);
   if (!d.train) throw ConfigError("data.kind = \"" + s.kind + "\" built no training set");
+  const auto have = d.train->fields();
   for (const auto& field : model.fields) {
-    const auto have = d.train->fields();
     if (std::find(have.begin(), have.end(), field) == have.end())
       throw ConfigError("the model reads the input field \"" + field + "\", which data.kind = \"" + s.kind +
                         "\" does not give (" + d.train->describe() + ")");
