@@ -19,7 +19,7 @@ debs=(build-essential cmake ninja-build ccache pkg-config git
       dataset-fashion-mnist fortunes fortunes-min
       python3 python3-venv python3-dev
       iproute2 procps
-      gnuplot-nox libpng-dev)
+      gnuplot-nox libpng-dev libjpeg62-turbo-dev)
 # The local multi-host harnesses (cluster/netns_hosts.sh, cluster/slurm_local.sh).
 mapfile -t cluster_debs < <(grep -v '^[[:space:]]*#' "$top/cluster/packages.txt" | grep -v '^[[:space:]]*$')
 debs+=("${cluster_debs[@]}")

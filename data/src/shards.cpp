@@ -76,7 +76,12 @@ TokenShard::TokenShard(const std::string& path, const std::string& format, const
                            " for uint16 tokens, " + std::to_string(kLlmcMagicU32) +
                            " for uint32); headerless files need data.format = \"raw\"");
       }
-      if (header[1] != 1 && header[1] != 2) bad_file(path, "unknown llm.c version " + std::to_string(header[1]));
+      // llm.c's dev/data/data_common.py writes version 1 with uint16 (gpt-2) and 7 with uint32
+      // (llama-3).
+      const int32_t version = bytes_ == 2 ? 1 : 7;
+      if (header[1] != version)
+        bad_file(path, "llm.c version " + std::to_string(header[1]) + " with magic " + std::to_string(header[0]) +
+                           " (llm.c writes version " + std::to_string(version) + ")");
       if (!dtype.empty() && dtype_bytes(dtype) != bytes_)
         bad_file(path, "the header says " + std::string(bytes_ == 2 ? "uint16" : "uint32") +
                            " tokens, data.dtype says " + dtype);

@@ -34,7 +34,7 @@ std::string write_llmc(const std::string& name, const std::vector<int64_t>& toke
   const std::string path = scratch() + "/" + name;
   std::vector<int32_t> header(256, 0);
   header[0] = magic ? magic : (u32 ? lt::data::kLlmcMagicU32 : lt::data::kLlmcMagicU16);
-  header[1] = u32 ? 2 : 1;
+  header[1] = u32 ? 7 : 1;  // llm.c's versions (gpt-2, llama-3)
   header[2] = static_cast<int32_t>(count_override >= 0 ? count_override : static_cast<int64_t>(tokens.size()));
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(header.data()), 1024);
@@ -141,6 +141,16 @@ TEST(TokenShards, BadShardsAreErrorsNamingTheFile) {
   EXPECT_CONTAINS(msg, "(truncated)");
   const auto longer = write_llmc("longer.bin", range(0, 10), false, 0, /*count=*/5);
   EXPECT_CONTAINS(error_of<lt::DataError>([&] { TokenShard(longer, "llm.c", "", 0); }), "the header counts 5 tokens");
+  const auto version = write_llmc("version.bin", range(0, 10), /*u32=*/true);
+  {
+    std::fstream f(version, std::ios::in | std::ios::out | std::ios::binary);
+    const int32_t v = 1;  // llm.c writes uint32 shards with version 7
+    f.seekp(4);
+    f.write(reinterpret_cast<const char*>(&v), 4);
+  }
+  msg = error_of<lt::DataError>([&] { TokenShard(version, "llm.c", "", 0); });
+  EXPECT_CONTAINS(msg, "version.bin");
+  EXPECT_CONTAINS(msg, "llm.c version 1 with magic 20240801 (llm.c writes version 7)");
   const auto ids = write_llmc("ids.bin", {1, 2, 300, 4});
   msg = error_of<lt::DataError>([&] { TokenShard(ids, "llm.c", "", 256); });
   EXPECT_CONTAINS(msg, "ids.bin");
