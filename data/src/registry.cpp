@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "leantrain/data/image_folder.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/registry.h"
 
@@ -81,6 +82,59 @@ DataKind token_shards_kind() {
   return k;
 }
 
+OptionRule positive() {
+  return {"> 0", [](const OptionValue& v) -> std::string { return std::get<double>(v) > 0 ? "" : "must be > 0"; }};
+}
+
+BoundOptions<ImageFolderConfig> image_folder_options() {
+  using C = ImageFolderConfig;
+  BoundOptions<C> b;
+  b.add("train", &C::train, "training images: a folder root/<class>/<image> of .jpg/.jpeg/.png files (torchvision ImageFolder's layout)",
+        non_empty())
+      .add("eval", &C::eval, "evaluation images, the same layout and classes; empty: no evaluation")
+      .add("train_transform", &C::train_transform,
+           "random_resized_crop (torchvision's RandomResizedCrop to the model's size) or none (the eval transform)",
+           rules::one_of({"random_resized_crop", "none"}))
+      .add("scale_min", &C::scale_min, "random_resized_crop: smallest share of the image's area", rules::in_range(0, false, 1, true))
+      .add("scale_max", &C::scale_max, "random_resized_crop: largest share of the image's area", rules::in_range(0, false, 1, true))
+      .add("ratio_min", &C::ratio_min, "random_resized_crop: smallest aspect ratio (width / height)",
+           positive())
+      .add("ratio_max", &C::ratio_max, "random_resized_crop: largest aspect ratio (width / height)",
+           positive())
+      .add("hflip", &C::hflip, "training: flip horizontally with probability 1/2")
+      .add("resize", &C::resize,
+           "eval transform: the shorter side resized to this, then the centre crop of the model's size; 0: round(size / 0.875)",
+           rules::at_least(0))
+      .add("mean", &C::mean,
+           "per-channel mean subtracted from x/255: comma-separated numbers, one or one per channel; empty: ImageNet's "
+           "(0.485, 0.456, 0.406; 1 channel: 0.449)")
+      .add("std", &C::std_dev,
+           "per-channel std dividing it, likewise; empty: ImageNet's (0.229, 0.224, 0.225; 1 channel: 0.226)")
+      .add("on_corrupt", &C::on_corrupt,
+           "a corrupt or unreadable image: error (naming the file) or skip (the next readable image takes its place; "
+           "logged and counted)",
+           rules::one_of({"error", "skip"}))
+      .add("workers", &C::workers, "threads decoding each batch's images", rules::at_least(1));
+  return b;
+}
+
+DataKind image_folder_kind() {
+  const auto bound = image_folder_options();
+  DataKind k;
+  k.name = "image_folder";
+  k.doc = "JPEG and PNG images in root/<class>/<image> folders (classes: the sorted folder names), decoded with "
+          "libjpeg-turbo and libpng to the model's channels and size: torchvision's RandomResizedCrop + flip for "
+          "training, resize + centre crop for evaluation, then normalised; every random choice a function of "
+          "(seed, epoch, index).";
+  k.options = bound.table();
+  k.make = [bound](const Options& o, uint64_t seed, const InputContract& model) {
+    ImageFolderConfig c = bound.read(o);
+    c.seed = seed;
+    return make_image_folder(c, model);
+  };
+  return k;
+}
+
 DataKind builtin(const std::string& name, std::string doc, Bound bound) {
   DataKind k;
   k.name = name;
@@ -113,6 +167,7 @@ KindRegistry<DataKind>& registry() {
                      "contract.",
                      synthetic_options()));
     reg->add(token_shards_kind());
+    reg->add(image_folder_kind());
     return reg;
   }();
   return *r;
