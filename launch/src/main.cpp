@@ -22,6 +22,7 @@
 #include "leantrain/runtime/world.h"
 #include "leantrain/trainers/metrics.h"
 #include "leantrain/trainers/planner.h"
+#include "leantrain/trainers/pretrained.h"
 #include "leantrain/trainers/trainer.h"
 
 #ifndef LEANTRAIN_VERSION
@@ -197,6 +198,19 @@ int run_train(const std::string& config_path, std::vector<std::string> sets, std
   return lt::kExitOk;
 }
 
+// `export`: a checkpoint's weights as safetensors (leantrain's names) or in the model kind's
+// other library's names (Hugging Face directory, torchvision state dict).
+int run_export(const std::string& checkpoint, const std::string& format, const std::string& out) {
+  lt::log::init(0, 1, false);
+  std::vector<std::string> notes;
+  const auto written = lt::trainers::export_weights(checkpoint, format, out, &notes);
+  for (const auto& n : notes) lt::log::warn(n);
+  std::string list;
+  for (const auto& w : written) list += (list.empty() ? "" : ", ") + w;
+  lt::log::info("exported " + checkpoint + " (--format " + format + "): " + list);
+  return lt::kExitOk;
+}
+
 int run_inspect(const std::string& path, bool json) {
   lt::log::init(0, 1, false);
   const auto c = lt::checkpoint_io::read_checkpoint(path);
@@ -251,7 +265,8 @@ int main(int argc, char** argv) {
   train->add_option("--resume", start.resume,
                     "Resume from 'auto' (newest valid checkpoint of this run) or a checkpoint file");
   train->add_option("--init-from", start.init_from,
-                    "Start from a checkpoint's model weights only (fresh optimizer, step 0)");
+                    "Start from model weights only (fresh optimizer, step 0): a checkpoint (.h5), a .safetensors "
+                    "file, or a Hugging Face model directory (config.json + model.safetensors)");
   train->add_flag("--init-skip-mismatched", start.init_skip_mismatched,
                   "With --init-from: skip (and list) tensors whose shapes differ, e.g. a new head");
 
@@ -278,6 +293,15 @@ int main(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "Verify a checkpoint and print its summary");
   inspect->add_option("checkpoint", inspect_path, "Checkpoint file (.h5)")->required();
   inspect->add_flag("--json", inspect_json, "Print JSON for scripts");
+
+  std::string export_path, export_format, export_out;
+  auto* exp = app.add_subcommand("export", "Write a checkpoint's model weights as safetensors or for Hugging Face / torchvision");
+  exp->add_option("checkpoint", export_path, "Checkpoint file (.h5)")->required();
+  exp->add_option("--format", export_format,
+                  "safetensors: leantrain's names + the model config in the metadata; hf: a Hugging Face directory "
+                  "(gpt, bert) or a torchvision state dict (resnet)")
+      ->required();
+  exp->add_option("--out", export_out, "Output directory (gets model.safetensors, and config.json for hf)")->required();
 
   std::string report_run, report_bench, report_out;
   auto* report = app.add_subcommand(
@@ -320,6 +344,7 @@ int main(int argc, char** argv) {
       return run_plan(plan_config, plan_sets, plan_out, plan_margin);
     }
     if (*inspect) return run_inspect(inspect_path, inspect_json);
+    if (*exp) return run_export(export_path, export_format, export_out);
     if (app.got_subcommand("options")) {
       std::cout << lt::trainers::registered_options_markdown();
       return lt::kExitOk;

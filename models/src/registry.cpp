@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "foreign_weights.h"
 #include "leantrain/models/bert.h"
 #include "leantrain/models/gpt.h"
 #include "leantrain/models/mlp.h"
@@ -116,21 +117,38 @@ ModelKind builtin(const std::string& name, std::string doc, Bound bound, std::fu
   return k;
 }
 
+// Another library's weights for a built-in kind (foreign_weights.h), read from its options.
+ModelKind with_foreign(ModelKind k, Bound bound, ImportedWeights (*import)(const ModelConfig&, const ForeignWeights&),
+                       ExportedWeights (*exp)(const ModelConfig&, const NamedTensors&)) {
+  const std::string name = k.name;
+  auto read = [name, bound](const Options& o) {
+    ModelConfig c = bound.read(o);
+    c.kind = name;
+    return c;
+  };
+  k.import_weights = [read, import](const Options& o, const ForeignWeights& w) { return import(read(o), w); };
+  k.export_weights = [read, exp](const Options& o, const NamedTensors& t) { return exp(read(o), t); };
+  return k;
+}
+
 // The built-in kinds first, registered when the registry is first used.
 KindRegistry<ModelKind>& registry() {
   static KindRegistry<ModelKind>* r = [] {
     auto* reg = new KindRegistry<ModelKind>("model");  // never destroyed: kinds outlive static teardown
     reg->add(builtin<MLP>("mlp", "A multi-layer perceptron over flattened images (the default kind).",
                           mlp_options(), {}, image_contract));
-    reg->add(builtin<GPT>("gpt", "A GPT-2 style decoder: causal language modelling, next-token targets.",
-                          gpt_options(), check_heads,
-                          [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kNextToken); }));
-    reg->add(builtin<Bert>("bert", "A BERT encoder with a masked-LM head: masked-token targets.", bert_options(),
-                           check_heads,
-                           [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kMaskedTokens); }));
-    reg->add(builtin<ResNet>(
-        "resnet", "A ResNet image classifier (torchvision's layout, BatchNorm, zero-initialised last norms).",
-        resnet_options(), [](const ModelConfig& c) { (void)resnet_layout(c); }, image_contract));
+    reg->add(with_foreign(builtin<GPT>("gpt", "A GPT-2 style decoder: causal language modelling, next-token targets.",
+                                       gpt_options(), check_heads,
+                                       [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kNextToken); }),
+                          gpt_options(), import_gpt2, export_gpt2));
+    reg->add(with_foreign(builtin<Bert>("bert", "A BERT encoder with a masked-LM head: masked-token targets.", bert_options(),
+                                        check_heads,
+                                        [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kMaskedTokens); }),
+                          bert_options(), import_bert, export_bert));
+    reg->add(with_foreign(builtin<ResNet>(
+                              "resnet", "A ResNet image classifier (torchvision's layout, BatchNorm, zero-initialised last norms).",
+                              resnet_options(), [](const ModelConfig& c) { (void)resnet_layout(c); }, image_contract),
+                          resnet_options(), import_torchvision_resnet, export_torchvision_resnet));
     return reg;
   }();
   return *r;

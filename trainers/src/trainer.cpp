@@ -20,6 +20,7 @@
 #include "leantrain/runtime/log.h"
 #include "leantrain/trainers/faults.h"
 #include "leantrain/trainers/optimizer.h"
+#include "leantrain/trainers/pretrained.h"
 #include "leantrain/trainers/schedule.h"
 
 namespace lt::trainers {
@@ -219,22 +220,15 @@ void Trainer::check_budget() {
 void Trainer::start_from(const StartOptions& start) {
   auto& model = *parts_.model;
   if (!start.init_from.empty()) {
-    auto c = checkpoint_io::read_checkpoint(start.init_from);
-    const auto skipped = checkpoint_io::check_model(c, model_tensors(model), start.init_from, start.init_skip_mismatched);
-    std::map<std::string, torch::Tensor> saved;
-    for (auto& nt : c.model) saved[nt.name] = nt.tensor;
-    torch::NoGradGuard no_grad;
-    int64_t loaded = 0;
-    for (auto& nt : model_tensors(model)) {
-      if (saved.at(nt.name).sizes() != nt.tensor.sizes()) continue;
-      nt.tensor.copy_(saved.at(nt.name));
-      ++loaded;
-    }
-    std::string msg = "initialised " + std::to_string(loaded) + " tensors from " + start.init_from + " (step " +
-                      std::to_string(c.step) + "); fresh optimizer, step 0";
-    if (!skipped.empty()) {
-      msg += "; skipped " + std::to_string(skipped.size()) + " with another shape:";
-      for (const auto& n : skipped) msg += "\n  " + n;
+    // A checkpoint, a safetensors file or a Hugging Face directory (trainers/pretrained.h);
+    // every name and shape is checked before anything is copied.
+    const auto r = init_model(start.init_from, models::resolve_model(cfg_.model), model, start.init_skip_mismatched);
+    for (const auto& note : r.notes) log::info(start.init_from + ": " + note);
+    std::string msg = "initialised " + std::to_string(r.loaded) + " tensors from " + start.init_from + " (" +
+                      r.description + "); fresh optimizer, step 0";
+    if (!r.skipped.empty()) {
+      msg += "; skipped " + std::to_string(r.skipped.size()) + " with another shape:";
+      for (const auto& n : r.skipped) msg += "\n  " + n;
     }
     log::info(msg);
   }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "leantrain/models/foreign_weights.h"
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/contract.h"
@@ -27,6 +28,16 @@ struct ModelKind {
   /// The model, from resolved options, on the CPU in fp32 (seed torch first for
   /// reproducible weights).
   std::function<std::shared_ptr<Model>(const Options&)> build;
+  /// Optional (foreign_weights.h): another library's weights (a Hugging Face directory's
+  /// tensors + config.json, a torchvision state dict) in this kind's names and layouts, for
+  /// --init-from. Throws lt::DataError naming the source and listing every disagreement of
+  /// its config with the options and every tensor it cannot place. Empty: the kind reads
+  /// only its own names.
+  std::function<ImportedWeights(const Options&, const ForeignWeights&)> import_weights;
+  /// Optional: the inverse, for `leantrain export --format hf`: this kind's tensors (its
+  /// named_parameters() and named_buffers()) in the other library's names, with its config.
+  /// Throws lt::ConfigError when these options have no counterpart there.
+  std::function<ExportedWeights(const Options&, const NamedTensors&)> export_weights;
 };
 
 /// Adds a kind. Throws std::invalid_argument if the name is empty or taken, or contract or
