@@ -270,18 +270,42 @@ std::vector<double> channel_values(const std::string& text, int64_t channels, bo
   return v;
 }
 
+std::pair<double, double> range_values(const std::string& text, bool at_most_one, const std::string& key) {
+  auto bad = [&](const std::string& why) {
+    return ConfigError(key + " = \"" + text + "\": " + why + " (give \"lo, hi\", numbers or fractions a/b, e.g. \"" +
+                       (at_most_one ? "0.08, 1" : "3/4, 4/3") + "\")");
+  };
+  std::vector<double> v;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ',')) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    const std::string s = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    char* end = nullptr;
+    double d = std::strtod(s.c_str(), &end);
+    if (!s.empty() && *end == '/') {
+      const char* den = end + 1;
+      const double q = std::strtod(den, &end);
+      if (end == den || q == 0) throw bad(quoted(s) + " is not a number or a fraction");
+      d /= q;
+    }
+    if (s.empty() || *end != '\0' || !std::isfinite(d)) throw bad(quoted(s) + " is not a number or a fraction");
+    v.push_back(d);
+  }
+  if (v.size() != 2) throw bad("two values are needed, " + std::to_string(v.size()) + " given");
+  if (!(v[0] > 0) || v[0] > v[1]) throw bad("needs 0 < lo <= hi");
+  if (at_most_one && v[1] > 1) throw bad("a share of the area is at most 1");
+  return {v[0], v[1]};
+}
+
 Datasets make_image_folder(const ImageFolderConfig& c, const lt::InputContract& m) {
   if (m.input != Input::kImages || m.target != Target::kClassLabels)
     throw ConfigError("data.kind = 'image_folder' gives images with class labels; the model takes " + m.describe());
   if (m.channels != 1 && m.channels != 3)
     throw ConfigError(model_value(m.channels_key, "channels", m.channels) +
                       ", but image_folder gives 1 (gray) or 3 (RGB) channels");
-  if (c.scale_min > c.scale_max)
-    throw ConfigError("data.scale_min = " + std::to_string(c.scale_min) + " is above data.scale_max = " +
-                      std::to_string(c.scale_max));
-  if (c.ratio_min > c.ratio_max)
-    throw ConfigError("data.ratio_min = " + std::to_string(c.ratio_min) + " is above data.ratio_max = " +
-                      std::to_string(c.ratio_max));
+  const auto scale = range_values(c.scale, true, "data.scale");
+  const auto ratio = range_values(c.ratio, false, "data.ratio");
   const int64_t longest = std::max(m.height, m.width);
   const int64_t resize =
       c.resize > 0 ? c.resize : static_cast<int64_t>(std::nearbyint(static_cast<double>(longest) / 0.875));
@@ -295,10 +319,10 @@ Datasets make_image_folder(const ImageFolderConfig& c, const lt::InputContract& 
   Transform train;
   train.random_crop = c.train_transform == "random_resized_crop";
   train.flip = c.hflip;
-  train.scale_lo = c.scale_min;
-  train.scale_hi = c.scale_max;
-  train.ratio_lo = c.ratio_min;
-  train.ratio_hi = c.ratio_max;
+  train.scale_lo = scale.first;
+  train.scale_hi = scale.second;
+  train.ratio_lo = ratio.first;
+  train.ratio_hi = ratio.second;
   train.resize = resize;
   train.seed = c.seed;
   Transform eval = train;

@@ -36,6 +36,8 @@ Prefetcher::~Prefetcher() {
 void Prefetcher::want(std::vector<int64_t> indices, int64_t epoch) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& s : pending_)
+      if (s->epoch == epoch && s->indices == indices) return;  // already wanted
     if (pending_.size() >= max_pending_) return;
     auto s = std::make_shared<Slot>();
     s->indices = std::move(indices);

@@ -82,10 +82,6 @@ DataKind token_shards_kind() {
   return k;
 }
 
-OptionRule positive() {
-  return {"> 0", [](const OptionValue& v) -> std::string { return std::get<double>(v) > 0 ? "" : "must be > 0"; }};
-}
-
 BoundOptions<ImageFolderConfig> image_folder_options() {
   using C = ImageFolderConfig;
   BoundOptions<C> b;
@@ -95,12 +91,11 @@ BoundOptions<ImageFolderConfig> image_folder_options() {
       .add("train_transform", &C::train_transform,
            "random_resized_crop (torchvision's RandomResizedCrop to the model's size) or none (the eval transform)",
            rules::one_of({"random_resized_crop", "none"}))
-      .add("scale_min", &C::scale_min, "random_resized_crop: smallest share of the image's area", rules::in_range(0, false, 1, true))
-      .add("scale_max", &C::scale_max, "random_resized_crop: largest share of the image's area", rules::in_range(0, false, 1, true))
-      .add("ratio_min", &C::ratio_min, "random_resized_crop: smallest aspect ratio (width / height)",
-           positive())
-      .add("ratio_max", &C::ratio_max, "random_resized_crop: largest aspect ratio (width / height)",
-           positive())
+      .add("scale", &C::scale,
+           "random_resized_crop: the range of the crop's share of the image's area, \"lo, hi\" (torchvision's scale)")
+      .add("ratio", &C::ratio,
+           "random_resized_crop: the range of the crop's aspect ratio width/height, \"lo, hi\", numbers or fractions "
+           "a/b (torchvision's ratio)")
       .add("hflip", &C::hflip, "training: flip horizontally with probability 1/2")
       .add("resize", &C::resize,
            "eval transform: the shorter side resized to this, then the centre crop of the model's size; 0: round(size / 0.875)",

@@ -84,7 +84,7 @@ TEST_F(Cli, ImageFolderOfFashionPngsTrainsToTheIdxAccuracy) {
   EXPECT_NEAR(acc_folder, acc_idx, 0.01);
 }
 
-TEST_F(Cli, ACorruptImageStopsTheRunNamingTheFile) {
+TEST_F(Cli, ImageFolderCorruptImageStopsTheRunNamingTheFile) {
   const fs::path root = dir_ / "imgs";
   fs::create_directories(root / "a");
   fs::create_directories(root / "b");

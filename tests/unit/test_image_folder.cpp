@@ -61,7 +61,8 @@ lt::InputContract images(int64_t channels, int64_t size, int64_t classes = 10) {
   return m;
 }
 
-// The first kN Fashion-MNIST training images, as IDX pixels and as PNG and JPEG folders.
+// The first kN Fashion-MNIST test images (t10k: the smaller file to read), as IDX pixels and
+// as PNG and JPEG folders.
 constexpr int64_t kN = 300;
 struct Fashion {
   lt::data::IdxImages images;
@@ -72,8 +73,8 @@ struct Fashion {
 const Fashion& fashion() {
   static const Fashion f = [] {
     Fashion f;
-    f.images = lt::data::read_idx_images(kFashion + "/train-images-idx3-ubyte.gz");
-    f.labels = lt::data::read_idx_labels(kFashion + "/train-labels-idx1-ubyte.gz");
+    f.images = lt::data::read_idx_images(kFashion + "/t10k-images-idx3-ubyte.gz");
+    f.labels = lt::data::read_idx_labels(kFashion + "/t10k-labels-idx1-ubyte.gz");
     f.png = scratch() + "/fashion_png";
     f.jpg = scratch() + "/fashion_jpg";
     f.order = lt_test::write_folder(f.png, f.images.pixels.data(), f.labels.labels.data(), kN, false);
@@ -182,7 +183,7 @@ TEST(ImageFolder, PngBatchesEqualTheIdxKindsBatchesBitForBit) {
   const auto& f = fashion();
   const auto folder = lt::data::make_image_folder(identical_to_idx(f.png), images(1, 28)).train;
   lt::data::DataConfig idx_cfg;  // the fashion_mnist kind
-  const auto idx = lt::data::make_datasets(idx_cfg, images(1, 28)).train;
+  const auto idx = lt::data::make_datasets(idx_cfg, images(1, 28)).eval;  // t10k
   const auto ks = iota(0, 64);
   std::vector<int64_t> is;
   for (int64_t k : ks) is.push_back(f.order[static_cast<size_t>(k)]);
@@ -301,6 +302,21 @@ TEST(ImageFolder, TrainBatchesAreAFunctionOfSeedEpochIndexOnly) {
                        torch::tensor({0.485, 0.456, 0.406}, torch::kFloat).view({3, 1, 1})) /
                       torch::tensor({0.229, 0.224, 0.225}, torch::kFloat).view({3, 1, 1});
   EXPECT_LT((expect - b.input[0]).abs().max().item<double>(), 1e-5);
+}
+
+TEST(ImageFolder, ScaleAndRatioOptions) {
+  const auto r = lt::data::range_values("3/4, 4/3", false, "data.ratio");
+  EXPECT_EQ(r.first, 3.0 / 4.0);
+  EXPECT_EQ(r.second, 4.0 / 3.0);  // exactly torchvision's default
+  EXPECT_EQ(lt::data::range_values("0.08,1", true, "data.scale"), std::make_pair(0.08, 1.0));
+  EXPECT_CONTAINS(error_of<lt::ConfigError>([] { lt::data::range_values("0.5", true, "data.scale"); }),
+                  "data.scale = \"0.5\": two values are needed, 1 given");
+  EXPECT_CONTAINS(error_of<lt::ConfigError>([] { lt::data::range_values("0.5, 2", true, "data.scale"); }),
+                  "a share of the area is at most 1");
+  EXPECT_CONTAINS(error_of<lt::ConfigError>([] { lt::data::range_values("2, 1", false, "data.ratio"); }),
+                  "needs 0 < lo <= hi");
+  EXPECT_CONTAINS(error_of<lt::ConfigError>([] { lt::data::range_values("1/0, 2", false, "data.ratio"); }),
+                  "'1/0' is not a number or a fraction");
 }
 
 TEST(ImageFolder, MeanAndStdOptions) {
@@ -507,7 +523,8 @@ TEST(Prefetcher, DestructionWithPendingBatchesJoins) {
   }  // each destructor returns (the test would hang otherwise)
   lt::data::Prefetcher pf(d, 1);
   pf.want({0}, 0);
-  pf.want({1}, 0);  // ignored
+  pf.want({0}, 0);  // already wanted: not twice
+  pf.want({1}, 0);  // beyond max_pending: ignored
   EXPECT_TRUE(torch::equal(pf.take({0}, 0).input, d->get({0}, 0).input));
   EXPECT_TRUE(torch::equal(pf.take({1}, 0).input, d->get({1}, 0).input));
   EXPECT_EQ(pf.hits(), 1);

@@ -8,7 +8,8 @@
 //  - training transform "random_resized_crop": torchvision's RandomResizedCrop parameters
 //    (crop_params below: 10 tries of an area share from `scale` and a log-uniform aspect ratio
 //    from `ratio`, then the centre-crop fallback), the crop resized to the model's HxW, then a
-//    horizontal flip with probability 1/2 when hflip is set. "none": the eval transform (and
+//    horizontal flip with probability 1/2 when hflip is set; scale and ratio are given as
+//    strings "lo, hi" (numbers or fractions a/b: "3/4, 4/3" is exactly torchvision's default). "none": the eval transform (and
 //    the flip when hflip is set).
 //  - eval transform: the shorter side resized to `resize` (torchvision's Resize(int): the
 //    longer side int(resize * long / short)), then the centre HxW crop (torchvision's
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/types.h>
@@ -42,8 +44,8 @@ struct ImageFolderConfig {
   std::string train;                                // root of the training folder
   std::string eval;                                 // root of the eval folder; empty: no eval
   std::string train_transform = "random_resized_crop";  // random_resized_crop | none
-  double scale_min = 0.08, scale_max = 1.0;         // RandomResizedCrop's area share
-  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  // RandomResizedCrop's aspect ratio w/h
+  std::string scale = "0.08, 1";                    // RandomResizedCrop's area share: "lo, hi"
+  std::string ratio = "3/4, 4/3";                   // its aspect ratio w/h: "lo, hi" (a/b allowed)
   bool hflip = true;                                // training: flip with probability 1/2
   int64_t resize = 0;                               // eval: shorter side; 0: round(max(H, W) / 0.875)
   std::string mean;                                 // "0.485, 0.456, 0.406"; empty: the default for the channels
@@ -81,5 +83,9 @@ Datasets make_image_folder(const ImageFolderConfig& cfg, const lt::InputContract
 /// 0.449 and 0.226); one value -> every channel; else exactly `channels` comma-separated values.
 /// Throws lt::ConfigError naming `key`.
 std::vector<double> channel_values(const std::string& text, int64_t channels, bool is_std, const std::string& key);
+
+/// A "lo, hi" range option (data.scale, data.ratio): numbers or fractions a/b, 0 < lo <= hi
+/// (and hi <= 1 when at_most_one). Throws lt::ConfigError naming `key`.
+std::pair<double, double> range_values(const std::string& text, bool at_most_one, const std::string& key);
 
 }  // namespace lt::data

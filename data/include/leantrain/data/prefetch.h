@@ -4,11 +4,10 @@
 // was prefetched or built in take(): Dataset::get is a pure function of (indices, epoch).
 //
 //   Prefetcher pf(train_set);
-//   pf.want(micro_batch(0), epoch);           // before the step's first forward
 //   for (j = 0; j < A; ++j) {
-//     if (j + 1 < A) pf.want(micro_batch(j + 1), epoch);   // or the next step's first one
-//     Batch b = pf.take(micro_batch(j), epoch);             // waits only if it is not built yet
-//     ...forward/backward...
+//     Batch b = pf.take(micro_batch(j), epoch);   // waits only if it is not built yet
+//     pf.want(next micro-batch: j + 1, or the next step's first, epoch);
+//     ...forward/backward of b, while the next one is built...
 //   }
 #include <condition_variable>
 #include <cstdint>
@@ -34,7 +33,8 @@ class Prefetcher {
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
-  /// Starts building get(indices, epoch) in the background (after the batches wanted before).
+  /// Starts building get(indices, epoch) in the background (after the batches wanted before);
+  /// a batch already pending is not wanted twice.
   void want(std::vector<int64_t> indices, int64_t epoch);
   /// get(indices, epoch): the wanted batch (waiting for it; its exception, if building it threw,
   /// is rethrown here), or built now on the calling thread when it was not wanted or the
