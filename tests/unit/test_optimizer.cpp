@@ -1,10 +1,18 @@
-// Note [Chunked AdamW]: leantrain's AdamW step equals LibTorch's bit for bit, with bounded
-// temporaries.
+// Note [Chunked AdamW]: the chunked AdamW step equals LibTorch's bit for bit, with bounded
+// temporaries. Note [Fused update]: FusedAdamW (train.optimizer = adamw) through apply_update
+// against PyTorch's AdamW(fused=True) + GradScaler + clip_grad_norm_, step by step.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "leantrain/comm/communicator.h"
 #include "leantrain/runtime/memory_meter.h"
 #include "leantrain/trainers/optimizer.h"
+#include "leantrain/trainers/precision.h"
 
 namespace {
 
@@ -80,6 +88,82 @@ TEST(ChunkedAdamW, TemporariesAreBoundedByTheChunk) {
   RecordProperty("chunked_extra_bytes", std::to_string(chunked));
   EXPECT_GE(stock, 2 * (16 << 20));
   EXPECT_LE(chunked, 3 << 20);
+}
+
+TEST(FusedAdamW, NoTemporaries) {
+  EXPECT_LE(update_extra_bytes<lt::trainers::FusedAdamW>(), 64 << 10);
+}
+
+torch::Tensor tensor_of(const nlohmann::json& values, torch::IntArrayRef shape) {
+  std::vector<float> flat;
+  std::function<void(const nlohmann::json&)> walk = [&](const nlohmann::json& v) {
+    if (v.is_array()) {
+      for (const auto& x : v) walk(x);
+    } else {
+      flat.push_back(v.is_null() ? std::numeric_limits<float>::infinity() : v.get<float>());
+    }
+  };
+  walk(values);
+  return torch::tensor(flat).reshape(shape);
+}
+
+// tests/scripts/fused_adamw_reference.py: the same scaled gradients through PyTorch's recipe.
+TEST(FusedAdamW, MatchesPyTorchFusedAdamWWithGradScalerAndClipping) {
+  std::ifstream in(LEANTRAIN_FUSED_ADAMW_JSON);
+  ASSERT_TRUE(in) << "missing " << LEANTRAIN_FUSED_ADAMW_JSON << " (made by tests/scripts/fused_adamw_reference.py)";
+  const auto ref = nlohmann::json::parse(in);
+  const std::map<std::string, std::vector<int64_t>> shapes = {{"w1", {8, 16}}, {"b1", {16}}, {"w2", {4, 8}}};
+  for (const auto& [name, c] : ref["cases"].items()) {
+    SCOPED_TRACE(name);
+    std::map<std::string, torch::Tensor> p;
+    for (const auto& [n, shape] : shapes) p[n] = tensor_of(c["init"][n], shape).requires_grad_(true);
+    lt::TrainConfig t;
+    t.lr = ref["optimizer"]["lr"];
+    t.beta1 = ref["optimizer"]["betas"][0];
+    t.beta2 = ref["optimizer"]["betas"][1];
+    t.eps = ref["optimizer"]["eps"];
+    const double wd = ref["optimizer"]["weight_decay"];
+    auto group = [&](double decay) {
+      return std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(decay));
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{p["w1"], p["w2"]}, group(wd));
+    groups.emplace_back(std::vector<torch::Tensor>{p["b1"]}, group(0.0));
+    lt::trainers::FusedAdamW opt(std::move(groups), torch::optim::AdamWOptions(t.lr));
+    lt::PrecisionConfig pc;
+    pc.init_scale = ref["scaler"]["init_scale"];
+    pc.growth_factor = ref["scaler"]["growth_factor"];
+    pc.backoff_factor = ref["scaler"]["backoff_factor"];
+    pc.growth_interval = ref["scaler"]["growth_interval"];
+    lt::trainers::LossScaler scaler(pc, c["fp16"].get<bool>(), torch::kCPU);
+    lt::comm::LocalCommunicator comm;
+    const std::vector<torch::Tensor> params = {p["w1"], p["b1"], p["w2"]};
+    int i = 0, skipped = 0;
+    double worst = 0;
+    for (const auto& s : c["steps"]) {
+      SCOPED_TRACE("step " + std::to_string(i++));
+      EXPECT_EQ(scaler.scale_value(), s["scale_before"].get<double>());
+      for (const auto& [n, shape] : shapes) p[n].mutable_grad() = tensor_of(s["grads"][n], shape);
+      if (s["overflow"].get<int>()) p["w1"].mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+      const bool stepped = lt::trainers::apply_update(opt, scaler, params, c["clip"].get<double>(), comm);
+      EXPECT_EQ(stepped, s["overflow"].get<int>() == 0);
+      skipped += !stepped;
+      for (const auto& [n, shape] : shapes) {
+        const auto want = tensor_of(s["params"][n], shape);
+        const double diff = (p[n].detach() - want).abs().max().item<double>() / want.abs().max().item<double>();
+        worst = std::max(worst, diff);
+        EXPECT_LE(diff, 1e-6) << n;
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(p["w1"].unsafeGetTensorImpl()));
+      EXPECT_EQ(st.step(), s["step"].get<int64_t>());
+      EXPECT_EQ(scaler.scale_value(), s["scale_after"].get<double>());
+    }
+    EXPECT_EQ(i, 20);
+    EXPECT_EQ(skipped, c["fp16"].get<bool>() ? 4 : 0);
+    RecordProperty(name + "_max_rel_diff", std::to_string(worst));
+    std::cout << name << ": max relative difference to PyTorch over 20 steps " << worst << "\n";
+  }
 }
 
 }  // namespace

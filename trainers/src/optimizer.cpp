@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
 
 namespace lt::trainers {
 
@@ -78,6 +80,57 @@ torch::Tensor ChunkedAdamW::step(LossClosure closure) {
   return loss;
 }
 
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  torch::Tensor loss = {};
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  step_scaled({});
+  return loss;
+}
+
+void FusedAdamW::step_scaled(const torch::Tensor& grad_scale) {
+  torch::NoGradGuard no_grad;
+  for (auto& group : param_groups_) {
+    auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
+    if (options.amsgrad()) throw std::logic_error("FusedAdamW: amsgrad is not supported");
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    // The kernel reads each parameter's step count from a tensor (torch.optim keeps one per
+    // parameter); parameters at the same count share one.
+    std::map<int64_t, torch::Tensor> step_of;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      TORCH_CHECK(!p.grad().is_sparse(), "FusedAdamW does not support sparse gradients");
+      auto it = state_.find(p.unsafeGetTensorImpl());
+      if (it == state_.end()) {
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(0);
+        st->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        st->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        it = state_.emplace(p.unsafeGetTensorImpl(), std::move(st)).first;
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      st.step(st.step() + 1);
+      auto& count = step_of[st.step()];
+      if (!count.defined())
+        count = torch::full({}, static_cast<double>(st.step()), torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+      params.push_back(p);
+      grads.push_back(p.grad());
+      exp_avgs.push_back(st.exp_avg());
+      exp_avg_sqs.push_back(st.exp_avg_sq());
+      steps.push_back(count);
+    }
+    if (params.empty()) continue;
+    const auto [beta1, beta2] = options.betas();
+    std::optional<at::Tensor> scale;
+    if (grad_scale.defined()) scale = grad_scale;
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, options.lr(), beta1, beta2,
+                      options.weight_decay(), options.eps(), /*amsgrad=*/false, /*maximize=*/false, scale,
+                      /*found_inf=*/std::nullopt);
+  }
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model) {
   // Weight decay on matrices and conv kernels only, not on biases and norm scales (the
   // GPT-2/BERT convention every peer recipe follows).
@@ -95,7 +148,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, to
       return std::make_unique<torch::optim::AdamWOptions>(
           torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(wd));
     });
-    return std::make_unique<ChunkedAdamW>(std::move(groups), defaults);
+    return std::make_unique<FusedAdamW>(std::move(groups), defaults);
   }
   auto [groups, defaults] = build([&](double wd) {
     return std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(wd));

@@ -4,7 +4,10 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <cmath>
+
 #include "leantrain/runtime/errors.h"
+#include "leantrain/trainers/optimizer.h"
 
 namespace lt::trainers {
 
@@ -86,8 +89,53 @@ void LossScaler::load(double scale, int64_t growth_tracker) {
   growth_tracker_.fill_(growth_tracker);
 }
 
+// Note [Fused update]
+// With FusedAdamW the end of a step reads the gradients twice instead of five times. The
+// unfused path unscales them in place (read, write), takes their norm (read), clips them in
+// place (read, write) and steps (read). Here the norm of the still-scaled gradients (one
+// read, _foreach_norm) gives both the inf/NaN check — a non-finite gradient makes the norm
+// non-finite — and, divided by the loss scale, the norm the clipping needs; the loss scale
+// and the clipping factor then become one divisor that the fused kernel applies as it reads
+// each gradient (torch.optim.AdamW(fused=True)'s grad_scale argument). The ranks agree on
+// the skip through the same all-reduced flag as before; a skipped step never launches the
+// kernel, so weights, moments and step counts stay untouched. The arithmetic matches
+// GradScaler.unscale_ + clip_grad_norm_ + AdamW(fused=True) up to float rounding of the
+// divisor (tests/unit/test_optimizer.cpp replays PyTorch's sequence within 1e-6).
+namespace {
+bool fused_update(FusedAdamW& optimizer, LossScaler& scaler, const std::vector<torch::Tensor>& params,
+                  double grad_clip, comm::Communicator& comm) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  const double scale = scaler.scale_value();
+  double norm = 0.0;  // of the scaled gradients
+  if (!grads.empty() && (scaler.enabled() || grad_clip > 0))
+    norm = torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2).item<double>();
+  bool found_inf = false;
+  if (scaler.enabled()) {
+    auto flag = torch::full({1}, std::isfinite(norm) ? 0.0f : 1.0f, torch::TensorOptions().dtype(torch::kFloat));
+    comm.allreduce_sum(flag);
+    found_inf = flag.item<float>() > 0;
+  }
+  if (!found_inf) {
+    double divisor = scale;
+    if (grad_clip > 0) {  // clip_grad_norm_'s factor, on the unscaled norm
+      const double coef = grad_clip / (norm / scale + 1e-6);
+      if (coef < 1.0) divisor = scale / coef;
+    }
+    torch::Tensor grad_scale;
+    if (divisor != 1.0 && !grads.empty())
+      grad_scale = torch::full({1}, divisor, torch::TensorOptions().dtype(torch::kFloat).device(grads.front().device()));
+    optimizer.step_scaled(grad_scale);
+  }
+  scaler.update(found_inf);
+  return !found_inf;
+}
+}  // namespace
+
 bool apply_update(torch::optim::Optimizer& optimizer, LossScaler& scaler,
                   const std::vector<torch::Tensor>& params, double grad_clip, comm::Communicator& comm) {
+  if (auto* fused = dynamic_cast<FusedAdamW*>(&optimizer)) return fused_update(*fused, scaler, params, grad_clip, comm);
   const bool found_inf = scaler.unscale_(params, comm);
   if (!found_inf) {
     if (grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, grad_clip);

@@ -20,7 +20,23 @@ class ChunkedAdamW : public torch::optim::AdamW {
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 
-/// AdamW (ChunkedAdamW) or SGD over two groups: weight decay on tensors with >= 2 dimensions only.
+/// AdamW through ATen's fused kernel, at::_fused_adamw_ (what torch.optim.AdamW(fused=True)
+/// runs, on CPU and CUDA): one pass per parameter reads the gradient and updates the weight and
+/// both moments, with no temporaries. The state is torch::optim::AdamWParamState (step,
+/// exp_avg, exp_avg_sq), so checkpoints and resume are those of torch::optim::AdamW. Results
+/// agree with torch.optim.AdamW(fused=True) within float rounding (Note [Fused update],
+/// tests/unit/test_optimizer.cpp). amsgrad is refused.
+class FusedAdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  /// One update whose kernel divides every gradient by `grad_scale` (float32 [1] on the
+  /// parameters' device; undefined: no division) as it reads it: the loss scale and the
+  /// clipping factor in one division, no pass over the gradients of its own.
+  void step_scaled(const torch::Tensor& grad_scale);
+};
+
+/// AdamW (FusedAdamW) or SGD over two groups: weight decay on tensors with >= 2 dimensions only.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model);
 
 /// Bytes of optimizer state the first update allocates: AdamW keeps two FP32 moments per
