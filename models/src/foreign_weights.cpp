@@ -90,7 +90,10 @@ class HfConfig {
           for (const auto& w : archs)
             if (a.is_string() && a.get<std::string>() == w) arch_ok = true;
     }
-    if ((!mt.empty() && mt != model_type) || !arch_ok || (mt.empty() && !j_.contains("architectures")))
+    if (mt.empty() && !j_.contains("architectures"))
+      throw DataError(where_ + ": names no architecture (no model_type, no architectures); model.kind = " + kind +
+                      " reads " + want + " (model_type \"" + model_type + "\")");
+    if ((!mt.empty() && mt != model_type) || !arch_ok)
       throw DataError(where_ + ": a Hugging Face model of another architecture (model_type \"" + mt +
                       "\", architectures " + arch_text + "); model.kind = " + kind + " reads " + want +
                       " (model_type \"" + model_type + "\")");
@@ -184,8 +187,7 @@ struct Import {
     auto it = all.find(to_foreign);
     if (it == all.end()) return;  // missing: reported as a missing tensor of the model
     if (!t.sizes().equals(it->second.sizes()) || !torch::equal(t.to(it->second.dtype()), it->second))
-      problems.push_back(foreign + " differs from " + to_foreign + ": leantrain's " + what +
-                         " ties them (an untied head cannot be loaded)");
+      problems.push_back(foreign + " differs from " + to_foreign + ": leantrain ties them (an untied head cannot be loaded)");
     else
       ignored.push_back(foreign + " (tied to " + to_foreign + ")");
   }

@@ -278,6 +278,20 @@ TEST_F(Safetensors, AHuggingFaceGpt2DirectoryLoadsWithTransposedConv1D) {
   EXPECT_HAS(r.notes.back(), "transformer.h.0.attn.bias");  // the mask buffer, ignored
 }
 
+TEST_F(Safetensors, HalfPrecisionFilesLoadIntoTheFp32Model) {
+  torch::manual_seed(4);
+  auto tensors = gpt2_tensors();
+  for (auto& nt : tensors) nt.tensor = nt.tensor.to(torch::kBFloat16);
+  write_dir(path("hf"), gpt2_config(), tensors);
+  auto section = gpt_section();
+  auto model = lt::models::build_model(section);
+  lt::trainers::init_model(path("hf"), section, *model, false);
+  for (auto& nt : lt::trainers::model_tensors(*model)) {
+    EXPECT_EQ(nt.tensor.scalar_type(), torch::kFloat);
+    if (nt.name == "wte.weight") EXPECT_TRUE(torch::equal(nt.tensor, tensors[0].tensor.to(torch::kFloat)));
+  }
+}
+
 TEST_F(Safetensors, AHuggingFaceDirectoryOfAnotherArchitectureIsRefused) {
   write_dir(path("bert"), {{"architectures", {"BertForMaskedLM"}}, {"model_type", "bert"}}, {{"x", torch::ones({1})}});
   auto section = gpt_section();
@@ -406,6 +420,20 @@ TEST_F(Safetensors, ExportFailuresWriteNothing) {
   msg = error_of<lt::ConfigError>([&] { lt::trainers::export_weights(path("ok.h5"), "onnx", path("out2")); });
   EXPECT_HAS(msg, "--format onnx");
   EXPECT_FALSE(lt::files::exists(path("out2")));
+  // A kind without another library's counterpart: hf refused, safetensors written.
+  lt::models::ModelConfig mc;  // mlp
+  auto mlp_section = lt::models::resolve_model(lt::models::builtin_model_section(mc));
+  auto mlp = lt::models::build_model(mlp_section);
+  Checkpoint m;
+  cfg.model = mlp_section;
+  m.model_config = json::parse(lt::config_to_json(cfg)).at("model").dump();
+  for (auto& nt : lt::trainers::model_tensors(*mlp)) m.model.push_back({nt.name, nt.tensor.detach().clone()});
+  write_checkpoint(path("mlp.h5"), m);
+  msg = error_of<lt::ConfigError>([&] { lt::trainers::export_weights(path("mlp.h5"), "hf", path("out_mlp")); });
+  EXPECT_HAS(msg, "model.kind = mlp");
+  EXPECT_HAS(msg, "use --format safetensors");
+  EXPECT_FALSE(lt::files::exists(path("out_mlp")));
+  EXPECT_EQ(lt::trainers::export_weights(path("mlp.h5"), "safetensors", path("out_mlp")).size(), 1u);
   // And a good export: config.json + model.safetensors, nothing else.
   const auto written = lt::trainers::export_weights(path("ok.h5"), "hf", path("out3"));
   EXPECT_EQ(written.size(), 2u);
