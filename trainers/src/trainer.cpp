@@ -154,6 +154,7 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
     throw ConfigError("train.global_batch = " + std::to_string(t.global_batch) +
                       ": larger than the training set (" + std::to_string(n_train) + " samples)");
   total_steps_ = t.steps > 0 ? t.steps : t.epochs * steps_per_epoch_;
+  prefetch_ = std::make_unique<data::Prefetcher>(parts_.train);
 
   auto& model = *parts_.model;
   model.to(device_);
@@ -301,6 +302,31 @@ const std::vector<int64_t>& Trainer::permutation(int64_t epoch) {
   return perm_;
 }
 
+// Note [Prefetch]
+// While micro-batch j runs forward and backward, a background thread (data::Prefetcher)
+// builds the one after it: j + 1 of this step, or the first micro-batch of the next step,
+// from the next epoch's permutation when that step starts an epoch. A batch is a pure
+// function of (indices, epoch), so prefetching changes no sample and resume stays exact; the
+// metrics' data_time_s is then the time the step waited for its batch. When the plan changes
+// (an out-of-memory back-off re-slices the micro-batches) the wanted batch is not the one
+// taken: take() builds the right one itself and drops the rest.
+void Trainer::want_next_micro_batch(int64_t step, const std::vector<int64_t>& perm, int64_t j) {
+  const int64_t epoch = step / steps_per_epoch_;
+  if (j + 1 < accum_) {
+    prefetch_->want(data::micro_batch_indices(perm, step % steps_per_epoch_, micro_, accum_, world_, rank_, j + 1),
+                    epoch);
+    return;
+  }
+  const int64_t next = step + 1, next_epoch = next / steps_per_epoch_, k = next % steps_per_epoch_;
+  if (next >= total_steps_) return;
+  if (next_epoch == epoch) {
+    prefetch_->want(data::micro_batch_indices(perm, k, micro_, accum_, world_, rank_, 0), next_epoch);
+  } else {
+    const auto next_perm = data::epoch_permutation(parts_.train->size(), cfg_.data.seed, next_epoch);
+    prefetch_->want(data::micro_batch_indices(next_perm, k, micro_, accum_, world_, rank_, 0), next_epoch);
+  }
+}
+
 // Note [Out-of-memory back-off]: an out-of-memory error in a micro-batch (forward,
 // backward, or a block's recompute) unwinds its scope, which frees its graph and batch.
 // The rank still takes part in this step's gradient all-reduces: finish() starts the
@@ -319,8 +345,9 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
   try {
     for (int64_t j = 0; j < accum_; ++j) {
       const auto d0 = Clock::now();
-      auto batch = parts_.train->get(data::micro_batch_indices(perm, k, micro_, accum_, world_, rank_, j), epoch);
+      auto batch = prefetch_->take(data::micro_batch_indices(perm, k, micro_, accum_, world_, rank_, j), epoch);
       mb.data_s += seconds_since(d0);
+      want_next_micro_batch(step, perm, j);
       const auto c0 = Clock::now();
       mb.tokens += batch.tokens;
       torch::manual_seed(micro_seed(cfg_.data.seed, step, rank_, j));

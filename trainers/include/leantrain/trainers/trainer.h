@@ -20,6 +20,7 @@
 #include "leantrain/comm/communicator.h"
 #include "leantrain/comm/grad_sync.h"
 #include "leantrain/data/dataset.h"
+#include "leantrain/data/prefetch.h"
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/memory_meter.h"
@@ -158,6 +159,7 @@ class Trainer {
   void open_outputs();
   void log_start() const;
   MicroBatches run_micro_batches(int64_t step, const std::vector<int64_t>& perm, int attempt);
+  void want_next_micro_batch(int64_t step, const std::vector<int64_t>& perm, int64_t j);
   void back_off(int64_t step, bool oom_here, const std::string& what, int64_t ranks_oom);
   void record_step(const StepResult& r);
   void end_epoch(int64_t epoch, int64_t step);
@@ -171,6 +173,7 @@ class Trainer {
   std::shared_ptr<TrainerHooks> hooks_;
   torch::Device device_;
   MemoryMeter meter_;
+  std::unique_ptr<data::Prefetcher> prefetch_;  // the training set's next micro-batch (Note [Prefetch])
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<LossScaler> scaler_;
   std::vector<torch::Tensor> params_;
