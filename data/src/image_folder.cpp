@@ -243,17 +243,25 @@ torch::Tensor resize_center_crop(const Image& image, int64_t resize, int64_t out
   return r.squeeze(0).narrow(1, g.box.top, out_h).narrow(2, g.box.left, out_w).contiguous();
 }
 
+// The comma-separated items of `text`, each without surrounding blanks.
+static std::vector<std::string> comma_items(const std::string& text) {
+  std::vector<std::string> items;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ',')) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    items.push_back(b == std::string::npos ? "" : item.substr(b, e - b + 1));
+  }
+  return items;
+}
+
 std::vector<double> channel_values(const std::string& text, int64_t channels, bool is_std, const std::string& key) {
   if (text.empty()) {
     if (channels == 3) return is_std ? std::vector<double>{0.229, 0.224, 0.225} : std::vector<double>{0.485, 0.456, 0.406};
     return std::vector<double>(static_cast<size_t>(channels), is_std ? 0.226 : 0.449);
   }
   std::vector<double> v;
-  std::string item;
-  std::istringstream in(text);
-  while (std::getline(in, item, ',')) {
-    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-    const std::string s = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+  for (const std::string& s : comma_items(text)) {
     char* end = nullptr;
     errno = 0;
     const double d = std::strtod(s.c_str(), &end);
@@ -276,11 +284,7 @@ std::pair<double, double> range_values(const std::string& text, bool at_most_one
                        (at_most_one ? "0.08, 1" : "3/4, 4/3") + "\")");
   };
   std::vector<double> v;
-  std::string item;
-  std::istringstream in(text);
-  while (std::getline(in, item, ',')) {
-    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-    const std::string s = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+  for (const std::string& s : comma_items(text)) {
     char* end = nullptr;
     double d = std::strtod(s.c_str(), &end);
     if (!s.empty() && *end == '/') {

@@ -66,20 +66,27 @@ BoundOptions<TokenShardsConfig> shard_options() {
   return b;
 }
 
-DataKind token_shards_kind() {
-  const auto bound = shard_options();
+// A kind whose options are one struct C with a seed member, built by make(C, contract).
+template <class C, class Make>
+DataKind bound_kind(std::string name, std::string doc, BoundOptions<C> bound, Make make) {
   DataKind k;
-  k.name = "token_shards";
-  k.doc = "Pre-tokenized shards, memory-mapped (llm.c's format, or headerless uint16/uint32): windows of the "
-          "model's seq_len + 1 tokens within each shard, next-token or masked-token targets "
-          "(tools/prepare_shards.py writes them).";
+  k.name = std::move(name);
+  k.doc = std::move(doc);
   k.options = bound.table();
-  k.make = [bound](const Options& o, uint64_t seed, const InputContract& model) {
-    TokenShardsConfig c = bound.read(o);
+  k.make = [bound, make](const Options& o, uint64_t seed, const InputContract& model) {
+    C c = bound.read(o);
     c.seed = seed;
-    return make_token_shards(c, model);
+    return make(c, model);
   };
   return k;
+}
+
+DataKind token_shards_kind() {
+  return bound_kind("token_shards",
+                    "Pre-tokenized shards, memory-mapped (llm.c's format, or headerless uint16/uint32): windows of the "
+                    "model's seq_len + 1 tokens within each shard, next-token or masked-token targets "
+                    "(tools/prepare_text.py writes them from text files).",
+                    shard_options(), make_token_shards);
 }
 
 BoundOptions<ImageFolderConfig> image_folder_options() {
@@ -114,20 +121,12 @@ BoundOptions<ImageFolderConfig> image_folder_options() {
 }
 
 DataKind image_folder_kind() {
-  const auto bound = image_folder_options();
-  DataKind k;
-  k.name = "image_folder";
-  k.doc = "JPEG and PNG images in root/<class>/<image> folders (classes: the sorted folder names), decoded with "
-          "libjpeg-turbo and libpng to the model's channels and size: torchvision's RandomResizedCrop + flip for "
-          "training, resize + centre crop for evaluation, then normalised; every random choice a function of "
-          "(seed, epoch, index).";
-  k.options = bound.table();
-  k.make = [bound](const Options& o, uint64_t seed, const InputContract& model) {
-    ImageFolderConfig c = bound.read(o);
-    c.seed = seed;
-    return make_image_folder(c, model);
-  };
-  return k;
+  return bound_kind("image_folder",
+                    "JPEG and PNG images in root/<class>/<image> folders (classes: the sorted folder names), decoded "
+                    "with libjpeg-turbo and libpng to the model's channels and size: torchvision's RandomResizedCrop + "
+                    "flip for training, resize + centre crop for evaluation, then normalised; every random choice a "
+                    "function of (seed, epoch, index).",
+                    image_folder_options(), make_image_folder);
 }
 
 DataKind builtin(const std::string& name, std::string doc, Bound bound) {
