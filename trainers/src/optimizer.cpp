@@ -131,6 +131,50 @@ void FusedAdamW::step_scaled(const torch::Tensor& grad_scale) {
   }
 }
 
+torch::Tensor FusedSGD::step(LossClosure closure) {
+  torch::Tensor loss = {};
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  step_scaled({});
+  return loss;
+}
+
+void FusedSGD::step_scaled(const torch::Tensor& grad_scale) {
+  torch::NoGradGuard no_grad;
+  std::optional<at::Tensor> scale;
+  if (grad_scale.defined()) scale = grad_scale;
+  for (auto& group : param_groups_) {
+    auto& o = static_cast<torch::optim::SGDOptions&>(group.options());
+    // The kernel's is_first_step (the buffer becomes the gradient) holds for a whole call, so
+    // parameters without a momentum buffer yet (their first gradient) go in a call of their own.
+    std::vector<torch::Tensor> params[2], grads[2], bufs[2];
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      TORCH_CHECK(!p.grad().is_sparse(), "FusedSGD does not support sparse gradients");
+      int first = 0;
+      if (o.momentum() != 0) {
+        auto it = state_.find(p.unsafeGetTensorImpl());
+        if (it == state_.end()) {
+          auto st = std::make_unique<torch::optim::SGDParamState>();
+          st->momentum_buffer(torch::empty_like(p.grad(), torch::MemoryFormat::Preserve));
+          it = state_.emplace(p.unsafeGetTensorImpl(), std::move(st)).first;
+          first = 1;
+        }
+        bufs[first].push_back(static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer());
+      }
+      params[first].push_back(p);
+      grads[first].push_back(p.grad());
+    }
+    for (int first = 0; first < 2; ++first) {
+      if (params[first].empty()) continue;
+      at::_fused_sgd_(params[first], grads[first], bufs[first], o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+                      o.nesterov(), /*maximize=*/false, /*is_first_step=*/first == 1, scale, /*found_inf=*/std::nullopt);
+    }
+  }
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model) {
   // Weight decay on matrices and conv kernels only, not on biases and norm scales (the
   // GPT-2/BERT convention every peer recipe follows).
@@ -153,7 +197,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, to
   auto [groups, defaults] = build([&](double wd) {
     return std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(wd));
   });
-  return std::make_unique<torch::optim::SGD>(std::move(groups), defaults);
+  return std::make_unique<FusedSGD>(std::move(groups), defaults);
 }
 
 int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes) {

@@ -90,19 +90,20 @@ void LossScaler::load(double scale, int64_t growth_tracker) {
 }
 
 // Note [Fused update]
-// With FusedAdamW the end of a step reads the gradients twice instead of five times. The
-// unfused path unscales them in place (read, write), takes their norm (read), clips them in
-// place (read, write) and steps (read). Here the norm of the still-scaled gradients (one
-// read, _foreach_norm) gives both the inf/NaN check — a non-finite gradient makes the norm
-// non-finite — and, divided by the loss scale, the norm the clipping needs; the loss scale
-// and the clipping factor then become one divisor that the fused kernel applies as it reads
-// each gradient (torch.optim.AdamW(fused=True)'s grad_scale argument). The ranks agree on
-// the skip through the same all-reduced flag as before; a skipped step never launches the
-// kernel, so weights, moments and step counts stay untouched. The arithmetic matches
-// GradScaler.unscale_ + clip_grad_norm_ + AdamW(fused=True) up to float rounding of the
-// divisor (tests/unit/test_optimizer.cpp replays PyTorch's sequence within 1e-6).
+// With a fused optimizer (FusedAdamW, FusedSGD) the end of a step reads the gradients twice
+// instead of five times. The unfused path unscales them in place (read, write), takes their
+// norm (read), clips them in place (read, write) and steps (read). Here the norm of the
+// still-scaled gradients (one read, _foreach_norm) gives both the inf/NaN check — a
+// non-finite gradient makes the norm non-finite — and, divided by the loss scale, the norm
+// the clipping needs; the loss scale and the clipping factor then become one divisor that the
+// fused kernel applies as it reads each gradient (the grad_scale argument of
+// torch.optim.AdamW / SGD(fused=True)). The ranks agree on the skip through the same
+// all-reduced flag as before; a skipped step never launches the kernel, so weights, moments,
+// momentum buffers and step counts stay untouched. The arithmetic matches GradScaler.unscale_
+// + clip_grad_norm_ + AdamW / SGD(fused=True) up to float rounding of the divisor
+// (tests/unit/test_optimizer.cpp replays PyTorch's sequence within 1e-6).
 namespace {
-bool fused_update(FusedAdamW& optimizer, LossScaler& scaler, const std::vector<torch::Tensor>& params,
+bool fused_update(ScaledStep& optimizer, LossScaler& scaler, const std::vector<torch::Tensor>& params,
                   double grad_clip, comm::Communicator& comm) {
   std::vector<torch::Tensor> grads;
   for (const auto& p : params)
@@ -135,7 +136,7 @@ bool fused_update(FusedAdamW& optimizer, LossScaler& scaler, const std::vector<t
 
 bool apply_update(torch::optim::Optimizer& optimizer, LossScaler& scaler,
                   const std::vector<torch::Tensor>& params, double grad_clip, comm::Communicator& comm) {
-  if (auto* fused = dynamic_cast<FusedAdamW*>(&optimizer)) return fused_update(*fused, scaler, params, grad_clip, comm);
+  if (auto* fused = dynamic_cast<ScaledStep*>(&optimizer)) return fused_update(*fused, scaler, params, grad_clip, comm);
   const bool found_inf = scaler.unscale_(params, comm);
   if (!found_inf) {
     if (grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, grad_clip);

@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
 
 #include "leantrain/runtime/config.h"
 
@@ -26,17 +27,35 @@ class ChunkedAdamW : public torch::optim::AdamW {
 /// exp_avg, exp_avg_sq), so checkpoints and resume are those of torch::optim::AdamW. Results
 /// agree with torch.optim.AdamW(fused=True) within float rounding (Note [Fused update],
 /// tests/unit/test_optimizer.cpp). amsgrad is refused.
-class FusedAdamW : public torch::optim::AdamW {
+/// An optimizer whose update can divide the gradients by a scale inside its kernel.
+class ScaledStep {
  public:
-  using torch::optim::AdamW::AdamW;
-  torch::Tensor step(LossClosure closure = nullptr) override;
+  virtual ~ScaledStep() = default;
   /// One update whose kernel divides every gradient by `grad_scale` (float32 [1] on the
   /// parameters' device; undefined: no division) as it reads it: the loss scale and the
   /// clipping factor in one division, no pass over the gradients of its own.
-  void step_scaled(const torch::Tensor& grad_scale);
+  virtual void step_scaled(const torch::Tensor& grad_scale) = 0;
 };
 
-/// AdamW (FusedAdamW) or SGD over two groups: weight decay on tensors with >= 2 dimensions only.
+class FusedAdamW : public torch::optim::AdamW, public ScaledStep {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void step_scaled(const torch::Tensor& grad_scale) override;
+};
+
+/// SGD with momentum through ATen's fused kernel, at::_fused_sgd_ (torch.optim.SGD(fused=True)):
+/// L2 weight decay, momentum, dampening and Nesterov as torch::optim::SGD, whose state
+/// (SGDParamState::momentum_buffer) and checkpoints it keeps.
+class FusedSGD : public torch::optim::SGD, public ScaledStep {
+ public:
+  using torch::optim::SGD::SGD;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  void step_scaled(const torch::Tensor& grad_scale) override;
+};
+
+/// AdamW (FusedAdamW) or SGD (FusedSGD) over two groups: weight decay on tensors with >= 2
+/// dimensions only.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model);
 
 /// Bytes of optimizer state the first update allocates: AdamW keeps two FP32 moments per
