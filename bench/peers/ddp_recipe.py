@@ -78,8 +78,8 @@ def make_optimizer(t: dict, model: torch.nn.Module) -> torch.optim.Optimizer:
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": t["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
     if t["optimizer"] == "adamw":
-        return torch.optim.AdamW(groups, lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"])
-    return torch.optim.SGD(groups, lr=t["lr"], momentum=t["momentum"])
+        return torch.optim.AdamW(groups, lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], fused=True)
+    return torch.optim.SGD(groups, lr=t["lr"], momentum=t["momentum"], fused=True)
 
 
 def checkpoint_blocks(model: torch.nn.Module) -> int:
