@@ -47,6 +47,8 @@ std::vector<std::string> Model::cheap_region_names() const {
   return names;
 }
 
+std::string Model::compute_note(const c10::Device& /*device*/, c10::ScalarType /*dtype*/) const { return {}; }
+
 int64_t count_parameters(const torch::nn::Module& m) {
   std::unordered_set<const c10::TensorImpl*> seen;
   int64_t n = 0;

@@ -26,7 +26,11 @@ Bound& transformer_options(Bound& b) {
       .add("n_head", &ModelConfig::n_head, "attention heads; must divide d_model", rules::at_least(1))
       .add("d_model", &ModelConfig::d_model, "width", rules::at_least(1))
       .add("d_ff", &ModelConfig::d_ff, "feed-forward width; 0 means 4 × d_model", rules::at_least(0))
-      .add("dropout", &ModelConfig::dropout, "dropout probability", rules::in_range(0, true, 1, false));
+      .add("dropout", &ModelConfig::dropout, "dropout probability", rules::in_range(0, true, 1, false))
+      .add("attention", &ModelConfig::attention,
+           "attention core: sdpa (at::scaled_dot_product_attention; LibTorch picks flash / memory-efficient / "
+           "cuDNN / math, logged at startup) or plain (softmax(QK^T)V, keeps the [B,H,T,T] probabilities)",
+           rules::one_of({"sdpa", "plain"}));
 }
 
 Bound& image_options(Bound& b) {

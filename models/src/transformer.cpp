@@ -1,6 +1,10 @@
 // GPT and BERT, and the attention / MLP layers they share.
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <stdexcept>
+
+#include <ATen/SDPBackend.h>
 
 #include <torch/torch.h>
 
@@ -17,38 +21,163 @@ using namespace lt::recompute;
 
 // ---- shared layers ----
 
-SelfAttentionImpl::SelfAttentionImpl(int64_t d_model, int64_t n_head, double attn_dropout,
-                                     bool causal)
-    : d_model_(d_model), n_head_(n_head), attn_dropout_(attn_dropout), causal_(causal) {
+// Note [Attention through SDPA]
+// model.attention = "sdpa" (the default) runs the core through at::scaled_dot_product_attention,
+// what nanoGPT, Hugging Face and torchtitan call: LibTorch picks a fused kernel (flash attention
+// on the CPU and on GPUs; memory-efficient or cuDNN on GPUs where flash cannot run) that never
+// materialises the [B,H,T,T] scores and probabilities, and keeps q, k, v, the output and a
+// [B,H,T] logsumexp for backward. Masks: causal alone is SDPA's is_causal; a key-padding mask
+// becomes a boolean attn_mask [B,1,1,T] (SDPA turns it into an additive -inf mask), combined
+// with the causal triangle into [B,1,T,T] when both apply (SDPA takes either is_causal or a
+// mask). Attention dropout is SDPA's dropout_p in training (the fused kernels on CUDA draw it
+// from the CUDA generator's philox state, which recompute restores, so a rerun draws the same
+// mask). "plain" is the textbook core, kept bitwise equal to the Python reference's plain path
+// for the reference tests. SelfAttentionImpl::backend names the kernel at startup
+// (Model::compute_note).
+//
+// Note [SDPA's math fallback]
+// Where no fused kernel takes the inputs — on the CPU, any attention dropout: LibTorch's CPU
+// flash kernel has none — SDPA would run its math fallback, which on the CPU computes bf16 and
+// fp16 inputs in fp32 and keeps three fp32 [B,H,T,T] tensors (the softmax, the dropout noise,
+// the dropped probabilities): twice the bytes of the plain core's three bf16 ones, for the
+// same function. So "sdpa" runs the plain core there (attention_core asks
+// at::_fused_sdp_choice first): in bf16 it keeps half of what the fallback would, and its
+// dropout is lt::recompute::dropout, whose masks a recompute keeps as bits (Note [Dropout masks
+// kept as bits]). Either way the [B,H,T,T] probabilities exist; attention dropout = 0 (as
+// GPT pretraining recipes set it) is what lets the fused kernel run on the CPU.
+
+AttentionImpl parse_attention(const std::string& name) {
+  if (name == "sdpa") return AttentionImpl::kSdpa;
+  if (name == "plain") return AttentionImpl::kPlain;
+  throw std::invalid_argument("attention \"" + name + "\": expected \"sdpa\" or \"plain\"");
+}
+
+const char* attention_name(AttentionImpl impl) { return impl == AttentionImpl::kSdpa ? "sdpa" : "plain"; }
+
+namespace {
+
+// SDPA's attn_mask for a key-padding mask [B,T] (true = attend), with the causal triangle folded
+// in when `causal`; undefined when there is no padding mask (is_causal covers causal alone).
+std::optional<torch::Tensor> sdpa_mask(const torch::Tensor& key_padding_mask, int64_t t, bool causal) {
+  if (!key_padding_mask.defined()) return std::nullopt;
+  TORCH_CHECK(key_padding_mask.dim() == 2 && key_padding_mask.size(1) == t && key_padding_mask.scalar_type() == torch::kBool,
+              "attention: key_padding_mask must be bool [B,T] with T = ", t, ", got ", key_padding_mask.sizes(), " ",
+              key_padding_mask.scalar_type());
+  auto m = key_padding_mask.view({key_padding_mask.size(0), 1, 1, t});
+  if (causal) m = m & torch::ones({t, t}, m.options()).tril();
+  return m;
+}
+
+// The kernel SDPA runs for these arguments: at::_fused_sdp_choice, what SDPA itself asks.
+at::SDPBackend sdpa_choice(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const std::optional<torch::Tensor>& mask, bool causal, double p) {
+  return static_cast<at::SDPBackend>(at::_fused_sdp_choice(q, k, v, mask, p, /*is_causal=*/causal && !mask.has_value()));
+}
+
+}  // namespace
+
+bool sdpa_runs_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const torch::Tensor& key_padding_mask, bool causal, double dropout_p) {
+  return sdpa_choice(q, k, v, sdpa_mask(key_padding_mask, q.size(2), causal), causal, dropout_p) !=
+         at::SDPBackend::math;
+}
+
+torch::Tensor attention_core(AttentionImpl impl, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& key_padding_mask, bool causal, double dropout_p, bool train) {
+  const int64_t t = q.size(2), hd = q.size(3);
+  if (impl == AttentionImpl::kSdpa) {
+    const double p = train ? dropout_p : 0.0;
+    auto mask = sdpa_mask(key_padding_mask, t, causal);
+    // Note [SDPA's math fallback]
+    if (sdpa_choice(q, k, v, mask, causal, p) != at::SDPBackend::math)
+      return at::scaled_dot_product_attention(q, k, v, mask, p, /*is_causal=*/causal && !mask.has_value());
+  }
+  // Plain attention: the [B,H,T,T] scores and probabilities are materialised.
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+  if (causal) {
+    auto mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+    att = att.masked_fill(mask, -std::numeric_limits<double>::infinity());
+  }
+  if (key_padding_mask.defined()) {
+    (void)sdpa_mask(key_padding_mask, t, false);  // the same checks
+    att = att.masked_fill(key_padding_mask.logical_not().view({key_padding_mask.size(0), 1, 1, t}),
+                          -std::numeric_limits<double>::infinity());
+  }
+  att = torch::softmax(att, -1);
+  if (dropout_p > 0.0) att = lt::recompute::dropout(att, dropout_p, train);
+  return torch::matmul(att, v);
+}
+
+std::string sdpa_backend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                         const torch::Tensor& key_padding_mask, bool causal, double dropout_p) {
+  switch (sdpa_choice(q, k, v, sdpa_mask(key_padding_mask, q.size(2), causal), causal, dropout_p)) {
+    case at::SDPBackend::flash_attention: return "flash attention";
+    case at::SDPBackend::efficient_attention: return "memory-efficient";
+    case at::SDPBackend::cudnn_attention: return "cuDNN";
+    case at::SDPBackend::math: return "math";
+    case at::SDPBackend::overrideable: return "overrideable";
+    default: return "none (no kernel takes these inputs)";
+  }
+}
+
+SelfAttentionImpl::SelfAttentionImpl(int64_t d_model, int64_t n_head, double attn_dropout, bool causal,
+                                     AttentionImpl impl)
+    : d_model_(d_model), n_head_(n_head), attn_dropout_(attn_dropout), causal_(causal), impl_(impl) {
   qkv = register_module("qkv", torch::nn::Linear(d_model, 3 * d_model));
   proj = register_module("proj", torch::nn::Linear(d_model, d_model));
 }
 
-torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
+// Note [Selective recompute under SDPA]
+// `selective` recomputes the attention core because it keeps [B,H,T,T] tensors (scores,
+// probabilities, the dropout mask) for a few FLOPs. A fused SDPA kernel keeps none: for
+// backward it saves q, k, v (views of the qkv projection's output), its output (which proj
+// saves anyway: the core's [B,H,T,hd] output is laid out [B,T,H,hd], so merging the heads is a
+// view) and the [B,H,T] fp32 logsumexp. Recomputing it would still keep q, k, v as the
+// recompute's inputs and drop only the logsumexp (B*H*T*4 bytes: 192 KiB a layer for GPT-2
+// small at B=4, T=1024) for a second attention forward in backward. So the core goes through
+// the region only when it materialises the probabilities: the plain core, which "sdpa" also
+// runs where no fused kernel takes the inputs (Note [SDPA's math fallback]). Under a fused kernel
+// `selective` keeps everything, as `none` (its measured peak equals none's:
+// docs/PRECISION_AND_MEMORY.md); `full` is the policy that saves memory there.
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& key_padding_mask) {
   const int64_t b = x.size(0), t = x.size(1), hd = d_model_ / n_head_;
   auto parts = qkv(x).split(d_model_, /*dim=*/-1);
   auto heads = [&](const torch::Tensor& y) {
     return y.view({b, t, n_head_, hd}).transpose(1, 2);  // [B,H,T,hd]
   };
   auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  auto y = core_region_.run([this](const std::vector<torch::Tensor>& in) { return core(in[0], in[1], in[2]); },
-                            {q, k, v});
+  const double p = attn_dropout_;
+  const bool train = is_training(), causal = causal_;
+  const AttentionImpl impl = impl_;
+  auto core = [impl, p, train, causal](const std::vector<torch::Tensor>& in) {
+    return attention_core(impl, in[0], in[1], in[2], in.size() > 3 ? in[3] : torch::Tensor(), causal, p, train);
+  };
+  std::vector<torch::Tensor> in{q, k, v};
+  if (key_padding_mask.defined()) in.push_back(key_padding_mask);
+  // Note [Selective recompute under SDPA]
+  const bool through_region =
+      core_region_.recompute() && torch::GradMode::is_enabled() &&
+      (impl_ == AttentionImpl::kPlain || !sdpa_runs_fused(q, k, v, key_padding_mask, causal_, train ? p : 0.0));
+  auto y = through_region ? core_region_.run(core, in) : core(in);
   y = y.transpose(1, 2).reshape({b, t, d_model_});
   return proj(y);
 }
 
-torch::Tensor SelfAttentionImpl::core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  const int64_t t = q.size(2), hd = q.size(3);
-  // Plain attention (no fused SDPA) so the activation memory is the textbook one: the [B,H,T,T]
-  // scores and probabilities are materialised.
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-  if (causal_) {
-    auto mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-    att = att.masked_fill(mask, -std::numeric_limits<double>::infinity());
-  }
-  att = torch::softmax(att, -1);
-  if (attn_dropout_ > 0.0) att = lt::recompute::dropout(att, attn_dropout_, is_training());
-  return torch::matmul(att, v);
+std::string SelfAttentionImpl::backend(const c10::Device& device, c10::ScalarType dtype, int64_t seq_len,
+                                       bool training) const {
+  if (impl_ == AttentionImpl::kPlain) return "plain (softmax(QK^T)V, [B,H,T,T] probabilities kept)";
+  auto q = torch::empty({1, n_head_, seq_len, d_model_ / n_head_}, torch::TensorOptions().dtype(dtype).device(device))
+               .requires_grad_(training);
+  const double p = training ? attn_dropout_ : 0.0;
+  const std::string kernel = sdpa_backend(q, q, q, torch::Tensor(), causal_, p);
+  std::string note = "sdpa: " + kernel + " (LibTorch's choice on " + device.str() + ", " + c10::toString(dtype) +
+                     (causal_ ? ", causal" : ", bidirectional") + ", dropout " + std::to_string(p).substr(0, 4) + ")";
+  if (kernel == "math")
+    note += std::string("; no fused kernel takes these inputs") +
+            (device.is_cpu() && p > 0.0 ? " (the CPU's flash kernel takes no dropout: model.dropout = 0 enables it)"
+                                        : "") +
+            ", so the plain core runs instead of LibTorch's math fallback, keeping the [B,H,T,T] probabilities";
+  return note;
 }
 
 FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t d_ff, std::string approximate)
@@ -97,11 +226,11 @@ torch::Tensor check_ids(const torch::Tensor& input, int64_t seq_len, const char*
 
 // ---- GPT ----
 
-GPTBlockImpl::GPTBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double dropout)
+GPTBlockImpl::GPTBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double dropout, AttentionImpl attention)
     : dropout_(dropout) {
   ln1 = register_module("ln1", layer_norm(d_model, 1e-5));
   attn = register_module("attn", std::make_shared<SelfAttentionImpl>(d_model, n_head, dropout,
-                                                                     /*causal=*/true));
+                                                                     /*causal=*/true, attention));
   ln2 = register_module("ln2", layer_norm(d_model, 1e-5));
   mlp = register_module("mlp", std::make_shared<FeedForwardImpl>(d_model, d_ff, "tanh"));
 }
@@ -117,11 +246,15 @@ GPT::GPT(const lt::models::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(c
   wpe = register_module("wpe", torch::nn::Embedding(cfg.seq_len, cfg.d_model));
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
     auto b = add_block("blocks", std::make_shared<GPTBlockImpl>(cfg.d_model, cfg.n_head, ff_width(cfg),
-                                                                cfg.dropout));
+                                                                cfg.dropout, parse_attention(cfg.attention)));
     mark_cheap("blocks." + std::to_string(i) + ".attn.core", b->attn->core_region());
   }
   ln_f = register_module("ln_f", layer_norm(cfg.d_model, 1e-5));
   init_transformer_weights(*this);
+}
+
+std::string GPT::compute_note(const c10::Device& device, c10::ScalarType dtype) const {
+  return "attention " + std::static_pointer_cast<GPTBlockImpl>(blocks().front())->attn->backend(device, dtype, seq_len_, true);
 }
 
 torch::Tensor GPT::hidden(const torch::Tensor& input) {
@@ -147,10 +280,10 @@ torch::Tensor GPT::forward_loss(const torch::Tensor& input, const torch::Tensor&
 
 // ---- BERT ----
 
-BertBlockImpl::BertBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double dropout)
+BertBlockImpl::BertBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double dropout, AttentionImpl attention)
     : dropout_(dropout) {
   attn = register_module("attn", std::make_shared<SelfAttentionImpl>(d_model, n_head, dropout,
-                                                                     /*causal=*/false));
+                                                                     /*causal=*/false, attention));
   ln1 = register_module("ln1", layer_norm(d_model, 1e-12));
   mlp = register_module("mlp", std::make_shared<FeedForwardImpl>(d_model, d_ff, "none"));
   ln2 = register_module("ln2", layer_norm(d_model, 1e-12));
@@ -181,13 +314,17 @@ Bert::Bert(const lt::models::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_
   emb_ln = register_module("emb_ln", layer_norm(cfg.d_model, 1e-12));
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
     auto b = add_block("blocks", std::make_shared<BertBlockImpl>(cfg.d_model, cfg.n_head, ff_width(cfg),
-                                                                 cfg.dropout));
+                                                                 cfg.dropout, parse_attention(cfg.attention)));
     mark_cheap("blocks." + std::to_string(i) + ".attn.core", b->attn->core_region());
   }
   mlm = register_module("mlm", std::make_shared<MLMHeadImpl>(cfg.d_model, cfg.vocab_size));
   init_transformer_weights(*this);
   torch::NoGradGuard no_grad;
   mlm->bias.zero_();
+}
+
+std::string Bert::compute_note(const c10::Device& device, c10::ScalarType dtype) const {
+  return "attention " + std::static_pointer_cast<BertBlockImpl>(blocks().front())->attn->backend(device, dtype, seq_len_, true);
 }
 
 torch::Tensor Bert::hidden(const torch::Tensor& input) {

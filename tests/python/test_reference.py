@@ -247,6 +247,7 @@ class Names(unittest.TestCase):
                          (dict(kind="resnet", depth=19), "model.depth"),
                          (dict(kind="resnet", depth=18, layers=[1]), "model.layers"),
                          (dict(kind="resnet", stem="big"), "model.stem"),
+                         (dict(TINY_GPT, attention="flash"), "model.attention"),
                          (dict(kind="transformer"), "model.kind")):
             with self.assertRaises(ModelConfigError) as cm:
                 build_model(bad, device="meta")
@@ -333,6 +334,19 @@ class Forward(unittest.TestCase):
             ids2 = ids.clone()
             ids2[:, -1] = (ids2[:, -1] + 1) % 41
             self.assertGreater((m(ids2)[:, 0] - y[:, 0]).abs().max().item(), 1e-5)  # bidirectional
+
+    def test_attention_options_compute_the_same_function(self):
+        # model.attention: "sdpa" (the default, F.scaled_dot_product_attention) and "plain"
+        # (the textbook core) on the same weights, GPT causal and BERT bidirectional.
+        for cfg in (TINY_GPT, TINY_BERT):
+            torch.manual_seed(0)
+            sdpa = self.perturbed(cfg)
+            self.assertEqual(sdpa.blocks[0].attn.attention, "sdpa")
+            plain = build_model(dict(cfg, attention="plain")).eval()
+            plain.load_state_dict(sdpa.state_dict())
+            ids = sample_input(cfg)
+            with torch.no_grad():
+                torch.testing.assert_close(sdpa(ids), plain(ids), atol=1e-5, rtol=1e-5)
 
     def test_token_checks(self):
         m = build_model(TINY_GPT).eval()

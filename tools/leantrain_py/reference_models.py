@@ -38,6 +38,7 @@ MODEL_DEFAULTS: Dict[str, Any] = {
     "d_ff": 0,  # 0 means 4 * d_model
     "type_vocab_size": 2,
     "dropout": 0.0,
+    "attention": "sdpa",  # gpt, bert: "sdpa" | "plain" (attention.h)
     "depth": 18,
     "layers": [],
     "block": "basic",
@@ -111,6 +112,8 @@ def resolve_model_config(model_cfg: Mapping[str, Any]) -> Dict[str, Any]:
         if c["d_ff"] < 0:
             _fail("d_ff", c["d_ff"], "must be >= 1, or 0 for 4 * d_model")
         dropout_ok()
+        if c["attention"] not in ("sdpa", "plain"):
+            _fail("attention", c["attention"], 'must be "sdpa" or "plain"')
         if kind == "bert":
             positive("type_vocab_size")
     elif kind == "resnet":
@@ -158,21 +161,32 @@ def resnet_layout(c: Mapping[str, Any]) -> Tuple[List[int], str]:
 
 
 class SelfAttention(nn.Module):
-    """qkv -> split q,k,v (D each) -> heads [B,H,T,hd] -> plain (non-fused) attention -> proj.
+    """qkv -> split q,k,v (D each) -> heads [B,H,T,hd] -> attention core -> proj.
 
-    As SelfAttentionImpl::core: scores = (q @ k^T) * (1/sqrt(hd)) (a multiply by the
-    reciprocal, computed in double, not a division), masked_fill(-inf) strictly above the
-    diagonal when causal, softmax over the last dim, dropout on the probabilities (training,
-    p > 0), @ v. No padding mask exists in leantrain."""
+    The core as attention_core (transformer.cpp), by model.attention:
+    - "sdpa": F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=p in
+      training), the op the C++ calls (same kernel, same result). Where no fused kernel takes
+      the inputs (on the CPU: training with dropout) the C++ runs the plain core instead of
+      SDPA's math fallback (the same function; Note [SDPA's math fallback]); eval mode is the
+      same on both sides;
+    - "plain": scores = (q @ k^T) * (1/sqrt(hd)) (a multiply by the reciprocal, computed in
+      double, not a division), masked_fill(-inf) strictly above the diagonal when causal,
+      softmax over the last dim, dropout on the probabilities (training, p > 0), @ v.
+    leantrain's models pass no padding mask (the C++ core takes one; its tests compare the two
+    cores with it)."""
 
-    def __init__(self, d_model: int, n_head: int, attn_dropout: float, causal: bool):
+    def __init__(self, d_model: int, n_head: int, attn_dropout: float, causal: bool,
+                 attention: str = "sdpa"):
         super().__init__()
         self.d_model, self.n_head = d_model, n_head
-        self.attn_dropout, self.causal = attn_dropout, causal
+        self.attn_dropout, self.causal, self.attention = attn_dropout, causal, attention
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.attention == "sdpa":
+            return F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.attn_dropout if self.training else 0.0, is_causal=self.causal)
         t, hd = q.size(2), q.size(3)
         att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
         if self.causal:
@@ -244,12 +258,12 @@ def _ff_width(c: Mapping[str, Any]) -> int:
 class GPTBlock(nn.Module):
     """Pre-LN: x + dropout(attn(ln1(x))), then h + dropout(mlp(ln2(h))). LayerNorm eps 1e-5."""
 
-    def __init__(self, d_model: int, n_head: int, d_ff: int, dropout: float):
+    def __init__(self, d_model: int, n_head: int, d_ff: int, dropout: float, attention: str = "sdpa"):
         super().__init__()
         self.dropout = dropout
         # Registration order as GPTBlockImpl: ln1, attn, ln2, mlp.
         self.ln1 = nn.LayerNorm(d_model, eps=1e-5)
-        self.attn = SelfAttention(d_model, n_head, dropout, causal=True)
+        self.attn = SelfAttention(d_model, n_head, dropout, causal=True, attention=attention)
         self.ln2 = nn.LayerNorm(d_model, eps=1e-5)
         self.mlp = FeedForward(d_model, d_ff, "tanh")
 
@@ -268,7 +282,8 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(c["vocab_size"], c["d_model"])
         self.wpe = nn.Embedding(c["seq_len"], c["d_model"])
         self.blocks = nn.ModuleList(
-            GPTBlock(c["d_model"], c["n_head"], _ff_width(c), c["dropout"]) for _ in range(c["n_layer"]))
+            GPTBlock(c["d_model"], c["n_head"], _ff_width(c), c["dropout"], c["attention"])
+            for _ in range(c["n_layer"]))
         self.ln_f = nn.LayerNorm(c["d_model"], eps=1e-5)
         init_transformer_weights(self)
 
@@ -290,11 +305,11 @@ class BertBlock(nn.Module):
     """Post-LN: ln1(x + dropout(attn(x))), then ln2(h + dropout(mlp(h))). eps 1e-12, erf GELU,
     bidirectional attention without any padding mask."""
 
-    def __init__(self, d_model: int, n_head: int, d_ff: int, dropout: float):
+    def __init__(self, d_model: int, n_head: int, d_ff: int, dropout: float, attention: str = "sdpa"):
         super().__init__()
         self.dropout = dropout
         # Registration order as BertBlockImpl: attn, ln1, mlp, ln2.
-        self.attn = SelfAttention(d_model, n_head, dropout, causal=False)
+        self.attn = SelfAttention(d_model, n_head, dropout, causal=False, attention=attention)
         self.ln1 = nn.LayerNorm(d_model, eps=1e-12)
         self.mlp = FeedForward(d_model, d_ff, "none")
         self.ln2 = nn.LayerNorm(d_model, eps=1e-12)
@@ -332,7 +347,7 @@ class Bert(nn.Module):
         self.type_emb = nn.Embedding(c["type_vocab_size"], d)
         self.emb_ln = nn.LayerNorm(d, eps=1e-12)
         self.blocks = nn.ModuleList(
-            BertBlock(d, c["n_head"], _ff_width(c), c["dropout"]) for _ in range(c["n_layer"]))
+            BertBlock(d, c["n_head"], _ff_width(c), c["dropout"], c["attention"]) for _ in range(c["n_layer"]))
         self.mlm = MLMHead(d, c["vocab_size"])
         init_transformer_weights(self)
         with torch.no_grad():

@@ -281,6 +281,12 @@ void Trainer::log_start() const {
   const auto& t = cfg_.train;
   log::info(parts_.name + ": " + std::to_string(models::count_parameters(*parts_.model)) +
             " parameters; " + parts_.train->describe());
+  // The kernels the model runs here (GPT/BERT: the attention LibTorch picks), once.
+  const auto dtype = cfg_.precision.mode == "bf16" ? c10::kBFloat16
+                     : cfg_.precision.mode == "fp16" ? c10::kHalf
+                                                     : c10::kFloat;
+  const std::string note = parts_.model->compute_note(device_, dtype);
+  if (!note.empty()) log::info(parts_.name + ": " + note);
   log::info("device " + ctx_.device_string() + ", " + std::to_string(ctx_.threads) + " threads, world " +
             std::to_string(world_) + ", precision " + cfg_.precision.mode + "; global batch " +
             std::to_string(t.global_batch) + " = " + std::to_string(world_) + " ranks x " +

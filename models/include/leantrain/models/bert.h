@@ -18,9 +18,10 @@
 // No buffers. LayerNorm eps 1e-12 (as BERT). No pooler / next-sentence head.
 //
 // Forward: ids [B,T] int64 (T <= S), no padding mask (every position attends to every
-// position) -> x = dropout(emb_ln(tok_emb[ids] + pos_emb[0..T-1] + type_emb[0])); each block:
+// position; the attention itself takes a key-padding mask, attention.h) -> x = dropout(emb_ln(tok_emb[ids] + pos_emb[0..T-1] + type_emb[0])); each block:
 //   x = ln1(x + dropout(attn(x)))   (bidirectional)
 //   x = ln2(x + dropout(mlp(x)))    (exact erf GELU)
+// The attention core is cfg.attention's (attention.h: sdpa, the default, or plain).
 // MLM head: logits = mlm.ln(gelu(mlm.dense(x))) @ tok_emb^T + mlm.bias, [B,T,V].
 // Init: normal(0, 0.02) for Linear and Embedding weights, zero biases (mlm.bias too),
 // LayerNorm 1/0.
@@ -37,7 +38,8 @@ namespace lt::models {
 
 class BertBlockImpl : public BlockImpl {
  public:
-  BertBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double dropout);
+  BertBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double dropout,
+               AttentionImpl attention = AttentionImpl::kSdpa);
   torch::Tensor forward(const torch::Tensor& x) override;
 
   std::shared_ptr<SelfAttentionImpl> attn;
@@ -68,6 +70,8 @@ class Bert : public Model {
   torch::Tensor forward(const torch::Tensor& input) override;
   torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target) override;
   Task task() const override { return Task::kMaskedLM; }
+  /// "attention <plain | sdpa: kernel>" (SelfAttentionImpl::backend) at seq_len in training.
+  std::string compute_note(const c10::Device& device, c10::ScalarType dtype) const override;
   /// The encoder output before the masked-LM head, [B,T,D].
   torch::Tensor hidden(const torch::Tensor& input);
 

@@ -18,7 +18,9 @@
 //   x = x + dropout(attn(ln1(x)))   (causal)
 //   x = x + dropout(mlp(ln2(x)))    (GELU tanh approximation, as GPT-2)
 // then logits = ln_f(x) @ wte^T, [B,T,V]. Dropout p = cfg.dropout on the embeddings, on the
-// attention probabilities and on both residual branches (training only).
+// attention probabilities and on both residual branches (training only). The attention core
+// is cfg.attention's (attention.h: sdpa, the default, or plain); both compute the same
+// function.
 // Init: normal(0, 0.02) for Linear and Embedding weights, zero biases, LayerNorm 1/0.
 #include <cstdint>
 
@@ -32,7 +34,8 @@ namespace lt::models {
 
 class GPTBlockImpl : public BlockImpl {
  public:
-  GPTBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double dropout);
+  GPTBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double dropout,
+               AttentionImpl attention = AttentionImpl::kSdpa);
   torch::Tensor forward(const torch::Tensor& x) override;
 
   torch::nn::LayerNorm ln1{nullptr};
@@ -50,6 +53,8 @@ class GPT : public Model {
   torch::Tensor forward(const torch::Tensor& input) override;
   torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target) override;
   Task task() const override { return Task::kCausalLM; }
+  /// "attention <plain | sdpa: kernel>" (SelfAttentionImpl::backend) at seq_len in training.
+  std::string compute_note(const c10::Device& device, c10::ScalarType dtype) const override;
   /// The final hidden states ln_f(blocks(embeddings)), [B,T,D].
   torch::Tensor hidden(const torch::Tensor& input);
 

@@ -119,6 +119,11 @@ class Model : public torch::nn::Module {
   virtual void apply_recompute(const RecomputePolicy& policy);
   /// The names given to mark_cheap, in marking order.
   std::vector<std::string> cheap_region_names() const;
+  /// How this model computes where it trains on `device` with activations of `dtype` (the
+  /// autocast dtype, else fp32), for the startup log; empty when there is nothing to say (the
+  /// default). GPT and BERT name the attention kernel LibTorch picks (attention.h,
+  /// attention_backend).
+  virtual std::string compute_note(const c10::Device& device, c10::ScalarType dtype) const;
 
  protected:
   /// Appends `b` to the torch::nn::ModuleList registered under `name` (registered on first use,

@@ -20,6 +20,9 @@ struct ModelConfig {
   int64_t d_ff = 0;          // 0 means 4 * d_model
   int64_t type_vocab_size = 2;  // bert token types
   double dropout = 0.0;
+  // sdpa: at::scaled_dot_product_attention (LibTorch picks flash / memory-efficient / cuDNN /
+  // math); plain: softmax(QK^T)V with the [B,H,T,T] probabilities materialised (attention.h).
+  std::string attention = "sdpa";
   // ResNet.
   int64_t depth = 18;                 // 18 | 34 | 50 | 101 | 152, or 0 with layers + block
   std::vector<int64_t> layers;        // blocks per stage when depth = 0
