@@ -80,12 +80,17 @@ torch::Tensor ChunkedAdamW::step(LossClosure closure) {
   return loss;
 }
 
+namespace {
+// The loss of an optimizer's closure, evaluated with gradients on (none without a closure).
+torch::Tensor closure_loss(const torch::optim::Optimizer::LossClosure& closure) {
+  if (closure == nullptr) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+}  // namespace
+
 torch::Tensor FusedAdamW::step(LossClosure closure) {
-  torch::Tensor loss = {};
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  auto loss = closure_loss(closure);
   step_scaled({});
   return loss;
 }
@@ -132,11 +137,7 @@ void FusedAdamW::step_scaled(const torch::Tensor& grad_scale) {
 }
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
-  torch::Tensor loss = {};
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  auto loss = closure_loss(closure);
   step_scaled({});
   return loss;
 }
