@@ -14,15 +14,12 @@
 #include "leantrain/data/readers.h"
 #include "leantrain/runtime/errors.h"
 #include "rng.h"
+#include "lm_batch.h"
 #include "samples.h"
 
 namespace lt::data {
-namespace {
 
-using detail::kStreamSynthEval;
-using detail::kStreamSynthTrain;
-
-void check_indices(const std::vector<int64_t>& indices, int64_t size, const std::string& name) {
+void detail::check_indices(const std::vector<int64_t>& indices, int64_t size, const std::string& name) {
   for (int64_t i : indices) {
     if (i < 0 || i >= size) {
       throw std::out_of_range(name + ": sample index " + std::to_string(i) + " outside [0, " +
@@ -30,6 +27,40 @@ void check_indices(const std::vector<int64_t>& indices, int64_t size, const std:
     }
   }
 }
+
+Batch detail::lm_batch(const std::vector<int64_t>& indices, int64_t epoch, int64_t size, const std::string& name,
+                       const LmSpec& spec, const std::function<void(int64_t, int64_t*)>& window_of) {
+  check_indices(indices, size, name);
+  const auto B = static_cast<int64_t>(indices.size());
+  const int64_t T = spec.seq_len;
+  Batch b;
+  b.input = torch::empty({B, T}, torch::kLong);
+  b.target = torch::empty({B, T}, torch::kLong);
+  b.tokens = B * T;
+  int64_t* x = b.input.data_ptr<int64_t>();
+  int64_t* y = b.target.data_ptr<int64_t>();
+  std::vector<int64_t> window(static_cast<size_t>(T + 1));
+  for (int64_t n = 0; n < B; ++n) {
+    window_of(indices[n], window.data());
+    int64_t* xi = x + n * T;
+    int64_t* yi = y + n * T;
+    std::copy(window.begin(), window.begin() + T, xi);
+    if (spec.bert) {
+      bert_mask(xi, yi, T, spec.seed, epoch, indices[n], spec.mask_prob, spec.mask_token, spec.random_vocab,
+                spec.never);
+    } else {
+      std::copy(window.begin() + 1, window.end(), yi);
+    }
+  }
+  return b;
+}
+
+namespace {
+
+using detail::check_indices;
+using detail::LmSpec;
+using detail::kStreamSynthEval;
+using detail::kStreamSynthTrain;
 
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
@@ -99,43 +130,13 @@ std::shared_ptr<Dataset> load_fashion_split(const std::string& dir, const std::s
 // ---------------------------------------------------------------------------------------------
 // Language modelling: byte-level text and synthetic token rules share the batch layout.
 
-struct LmSpec {
-  int64_t seq_len = 0;
-  bool bert = false;
-  double mask_prob = 0.0;
-  int64_t mask_token = 0;
-  int64_t random_vocab = 0;  // bert: a "random token" replacement is drawn from [0, random_vocab)
-  uint64_t seed = 0;
-};
-
 class LmDataset : public Dataset {
  public:
   LmDataset(LmSpec spec, int64_t size) : spec_(spec), size_(size) {}
   int64_t size() const override { return size_; }
   Batch get(const std::vector<int64_t>& indices, int64_t epoch) const override {
-    check_indices(indices, size_, name());
-    const auto B = static_cast<int64_t>(indices.size());
-    const int64_t T = spec_.seq_len;
-    Batch b;
-    b.input = torch::empty({B, T}, torch::kLong);
-    b.target = torch::empty({B, T}, torch::kLong);
-    b.tokens = B * T;
-    int64_t* x = b.input.data_ptr<int64_t>();
-    int64_t* y = b.target.data_ptr<int64_t>();
-    std::vector<int64_t> window(static_cast<size_t>(T + 1));
-    for (int64_t n = 0; n < B; ++n) {
-      window_of(indices[n], window.data());
-      int64_t* xi = x + n * T;
-      int64_t* yi = y + n * T;
-      std::copy(window.begin(), window.begin() + T, xi);
-      if (spec_.bert) {
-        detail::bert_mask(xi, yi, T, spec_.seed, epoch, indices[n], spec_.mask_prob, spec_.mask_token,
-                          spec_.random_vocab);
-      } else {
-        std::copy(window.begin() + 1, window.end(), yi);
-      }
-    }
-    return b;
+    return detail::lm_batch(indices, epoch, size_, name(), spec_,
+                            [this](int64_t i, int64_t* out) { window_of(i, out); });
   }
 
  protected:

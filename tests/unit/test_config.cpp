@@ -11,23 +11,11 @@
 
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/errors.h"
+#include "expect_error.h"
 
 namespace {
 
-// Runs f, expects a ConfigError, returns its message.
-template <class F>
-std::string config_error(F&& f) {
-  try {
-    f();
-  } catch (const lt::ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected lt::ConfigError";
-  return "";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
+using lt_test::config_error;
 
 TEST(ConfigParse, ReadsValuesAndKeepsDefaults) {
   auto c = lt::parse_config(R"(

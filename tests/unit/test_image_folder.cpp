@@ -17,8 +17,11 @@
 #include "leantrain/data/prefetch.h"
 #include "leantrain/models/registry.h"
 #include "leantrain/runtime/errors.h"
+#include "expect_error.h"
 
 namespace {
+
+using lt_test::error_of;
 
 using lt::data::CropBox;
 using lt::data::ImageFolderConfig;
@@ -33,20 +36,6 @@ std::string scratch() {
   }();
   return dir;
 }
-
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
 
 lt::InputContract images(int64_t channels, int64_t size, int64_t classes = 10) {
   lt::InputContract m;

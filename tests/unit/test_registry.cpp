@@ -20,22 +20,11 @@
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/runtime_context.h"
 #include "leantrain/trainers/trainer.h"
+#include "expect_error.h"
 
 namespace {
 
-template <class F>
-std::string config_error(F&& f) {
-  try {
-    f();
-  } catch (const lt::ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected lt::ConfigError";
-  return "";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
+using lt_test::config_error;
 
 lt::Config parsed(const std::vector<std::string>& sets) { return lt::parse_config("", "t.toml", sets); }
 

@@ -24,28 +24,15 @@
 #include "leantrain/runtime/files.h"
 #include "leantrain/trainers/checkpointing.h"
 #include "leantrain/trainers/pretrained.h"
+#include "expect_error.h"
 
 namespace {
+
+using lt_test::error_of;
 
 using namespace lt::checkpoint_io;
 using json = nlohmann::json;
 
-/// The message of what `f` throws as E, or "" (with a test failure) when it throws nothing or another type.
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw another type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "threw nothing";
-  return "";
-}
-
-#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
 
 class Safetensors : public ::testing::Test {
  protected:
@@ -117,23 +104,23 @@ TEST_F(Safetensors, RoundTripsEveryDtypeAndTheMetadata) {
 TEST_F(Safetensors, OffsetsPastTheDataAreRefusedNamingFileAndTensor) {
   const auto p = raw("past.safetensors", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8);
   const auto msg = error_of<lt::DataError>([&] { read_safetensors(p); });
-  EXPECT_HAS(msg, p);
-  EXPECT_HAS(msg, "tensor 'w'");
-  EXPECT_HAS(msg, "reach past the data (8 bytes");
+  EXPECT_CONTAINS(msg, p);
+  EXPECT_CONTAINS(msg, "tensor 'w'");
+  EXPECT_CONTAINS(msg, "reach past the data (8 bytes");
 }
 
 TEST_F(Safetensors, ReversedOffsetsAreRefused) {
   const auto p = raw("rev.safetensors", R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", 16);
   const auto msg = error_of<lt::DataError>([&] { read_safetensors(p); });
-  EXPECT_HAS(msg, "tensor 'w'");
-  EXPECT_HAS(msg, "ends before it begins");
+  EXPECT_CONTAINS(msg, "tensor 'w'");
+  EXPECT_CONTAINS(msg, "ends before it begins");
 }
 
 TEST_F(Safetensors, ASizeThatIsNotNumelTimesTheDtypeIsRefused) {
   const auto p = raw("size.safetensors", R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})", 24);
   const auto msg = error_of<lt::DataError>([&] { read_safetensors(p); });
-  EXPECT_HAS(msg, "tensor 'w'");
-  EXPECT_HAS(msg, "hold 20 bytes, but F32 [2,3] needs 24");
+  EXPECT_CONTAINS(msg, "tensor 'w'");
+  EXPECT_CONTAINS(msg, "hold 20 bytes, but F32 [2,3] needs 24");
 }
 
 TEST_F(Safetensors, OverlappingTensorsAreRefused) {
@@ -142,15 +129,15 @@ TEST_F(Safetensors, OverlappingTensorsAreRefused) {
                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
                      16);
   const auto msg = error_of<lt::DataError>([&] { read_safetensors(p); });
-  EXPECT_HAS(msg, p);
-  EXPECT_HAS(msg, "'a' [0, 16) and 'b' [8, 16) overlap");
+  EXPECT_CONTAINS(msg, p);
+  EXPECT_CONTAINS(msg, "'a' [0, 16) and 'b' [8, 16) overlap");
 }
 
 TEST_F(Safetensors, AHeaderOverTheCapIsRefusedBeforeReadingIt) {
   const auto p = raw("cap.safetensors", "{}", 0, static_cast<int64_t>(kSafetensorsMaxHeader) + 1);
   const auto msg = error_of<lt::DataError>([&] { read_safetensors(p); });
-  EXPECT_HAS(msg, p);
-  EXPECT_HAS(msg, "over the cap of 100000000 bytes");
+  EXPECT_CONTAINS(msg, p);
+  EXPECT_CONTAINS(msg, "over the cap of 100000000 bytes");
 }
 
 TEST_F(Safetensors, TruncatedFilesAreRefused) {
@@ -158,36 +145,36 @@ TEST_F(Safetensors, TruncatedFilesAreRefused) {
   const auto size = lt::files::file_size(path("good.safetensors"));
   ASSERT_EQ(::truncate(path("good.safetensors").c_str(), size - 4), 0);
   auto msg = error_of<lt::DataError>([&] { read_safetensors(path("good.safetensors")); });
-  EXPECT_HAS(msg, "tensor 'b'");
-  EXPECT_HAS(msg, "truncated or lying header");
+  EXPECT_CONTAINS(msg, "tensor 'b'");
+  EXPECT_CONTAINS(msg, "truncated or lying header");
   ASSERT_EQ(::truncate(path("good.safetensors").c_str(), 20), 0);  // inside the header
   msg = error_of<lt::DataError>([&] { read_safetensors(path("good.safetensors")); });
-  EXPECT_HAS(msg, "truncated safetensors file: the header says");
+  EXPECT_CONTAINS(msg, "truncated safetensors file: the header says");
   ASSERT_EQ(::truncate(path("good.safetensors").c_str(), 5), 0);  // inside the length
   msg = error_of<lt::DataError>([&] { read_safetensors(path("good.safetensors")); });
-  EXPECT_HAS(msg, "no 8-byte header length");
+  EXPECT_CONTAINS(msg, "no 8-byte header length");
 }
 
 TEST_F(Safetensors, AnUnknownDtypeOrABrokenHeaderIsRefused) {
   auto p = raw("dtype.safetensors", R"({"w":{"dtype":"F7","shape":[1],"data_offsets":[0,1]}})", 1);
   auto msg = error_of<lt::DataError>([&] { read_safetensors(p); });
-  EXPECT_HAS(msg, "tensor 'w': unsupported dtype \"F7\"");
+  EXPECT_CONTAINS(msg, "tensor 'w': unsupported dtype \"F7\"");
   p = raw("json.safetensors", R"({"w":{"dtype":"F32",)", 0);
   msg = error_of<lt::DataError>([&] { read_safetensors(p); });
-  EXPECT_HAS(msg, "not valid JSON");
+  EXPECT_CONTAINS(msg, "not valid JSON");
   p = raw("shape.safetensors", R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4);
   msg = error_of<lt::DataError>([&] { read_safetensors(p); });
-  EXPECT_HAS(msg, "not a non-negative integer");
+  EXPECT_CONTAINS(msg, "not a non-negative integer");
   p = raw("noff.safetensors", R"({"w":{"dtype":"F32","shape":[1]}})", 4);
   msg = error_of<lt::DataError>([&] { read_safetensors(p); });
-  EXPECT_HAS(msg, "no \"data_offsets\"");
+  EXPECT_CONTAINS(msg, "no \"data_offsets\"");
 }
 
 TEST_F(Safetensors, AFailedWriteLeavesNothing) {
   const std::string p = path("missing_dir/x.safetensors");
   const auto msg = error_of<lt::StorageError>([&] { write_safetensors(p, {{"a", torch::ones({2})}}); });
-  EXPECT_HAS(msg, p);
-  EXPECT_HAS(msg, "nothing written");
+  EXPECT_CONTAINS(msg, p);
+  EXPECT_CONTAINS(msg, "nothing written");
   EXPECT_FALSE(lt::files::exists(path("missing_dir")));
   EXPECT_EQ(count_files(".tmp."), 0);
   // A dtype safetensors has no name for: refused before anything is written.
@@ -275,7 +262,7 @@ TEST_F(Safetensors, AHuggingFaceGpt2DirectoryLoadsWithTransposedConv1D) {
     if (nt.name == "transformer.h.0.attn.c_attn.weight") EXPECT_TRUE(torch::equal(params["blocks.0.attn.qkv.weight"], nt.tensor.t()));
     else if (nt.name == "transformer.wte.weight") EXPECT_TRUE(torch::equal(params["wte.weight"], nt.tensor));
   ASSERT_FALSE(r.notes.empty());
-  EXPECT_HAS(r.notes.back(), "transformer.h.0.attn.bias");  // the mask buffer, ignored
+  EXPECT_CONTAINS(r.notes.back(), "transformer.h.0.attn.bias");  // the mask buffer, ignored
 }
 
 TEST_F(Safetensors, HalfPrecisionFilesLoadIntoTheFp32Model) {
@@ -298,9 +285,9 @@ TEST_F(Safetensors, AHuggingFaceDirectoryOfAnotherArchitectureIsRefused) {
   auto model = lt::models::build_model(section);
   const auto before = snapshot(*model);
   auto msg = error_of<lt::DataError>([&] { lt::trainers::init_model(path("bert"), section, *model, false); });
-  EXPECT_HAS(msg, path("bert") + "/config.json");
-  EXPECT_HAS(msg, "another architecture (model_type \"bert\", architectures [\"BertForMaskedLM\"])");
-  EXPECT_HAS(msg, "model.kind = gpt reads GPT2LMHeadModel");
+  EXPECT_CONTAINS(msg, path("bert") + "/config.json");
+  EXPECT_CONTAINS(msg, "another architecture (model_type \"bert\", architectures [\"BertForMaskedLM\"])");
+  EXPECT_CONTAINS(msg, "model.kind = gpt reads GPT2LMHeadModel");
   EXPECT_TRUE(unchanged(*model, before));
   // A Hugging Face directory for resnet (torchvision's weights are read as safetensors files).
   lt::models::ModelConfig rc;
@@ -309,11 +296,11 @@ TEST_F(Safetensors, AHuggingFaceDirectoryOfAnotherArchitectureIsRefused) {
   auto rsec = lt::models::resolve_model(lt::models::builtin_model_section(rc));
   auto rmodel = lt::models::build_model(rsec);
   msg = error_of<lt::DataError>([&] { lt::trainers::init_model(path("bert"), rsec, *rmodel, false); });
-  EXPECT_HAS(msg, "tools/torchvision_to_safetensors.py");
+  EXPECT_CONTAINS(msg, "tools/torchvision_to_safetensors.py");
   // A directory without config.json.
   lt::files::make_dirs(path("empty"));
   msg = error_of<lt::DataError>([&] { lt::trainers::init_model(path("empty"), section, *model, false); });
-  EXPECT_HAS(msg, "without config.json");
+  EXPECT_CONTAINS(msg, "without config.json");
 }
 
 TEST_F(Safetensors, ConfigDisagreementsAreEachNamed) {
@@ -325,10 +312,10 @@ TEST_F(Safetensors, ConfigDisagreementsAreEachNamed) {
   auto section = gpt_section();
   auto model = lt::models::build_model(section);
   const auto msg = error_of<lt::DataError>([&] { lt::trainers::init_model(path("hf"), section, *model, false); });
-  EXPECT_HAS(msg, "disagrees with the model (3)");
-  EXPECT_HAS(msg, "n_embd = 32, but model.d_model = 16");
-  EXPECT_HAS(msg, "n_positions = 4 is shorter than model.seq_len = 8");
-  EXPECT_HAS(msg, "activation_function = \"relu\"");
+  EXPECT_CONTAINS(msg, "disagrees with the model (3)");
+  EXPECT_CONTAINS(msg, "n_embd = 32, but model.d_model = 16");
+  EXPECT_CONTAINS(msg, "n_positions = 4 is shorter than model.seq_len = 8");
+  EXPECT_CONTAINS(msg, "activation_function = \"relu\"");
 }
 
 TEST_F(Safetensors, NameAndShapeMismatchesAreAllListedAndNothingIsCopied) {
@@ -346,10 +333,10 @@ TEST_F(Safetensors, NameAndShapeMismatchesAreAllListedAndNothingIsCopied) {
   auto model = lt::models::build_model(section);
   const auto before = snapshot(*model);
   auto msg = error_of<CheckpointError>([&] { lt::trainers::init_model(path("hf"), section, *model, false); });
-  EXPECT_HAS(msg, path("hf"));
-  EXPECT_HAS(msg, "(2 problems)");
-  EXPECT_HAS(msg, "blocks.0.mlp.fc.weight: shape [32, 16] in the checkpoint, [64, 16] in the model");
-  EXPECT_HAS(msg, "missing ln_f.bias [16]");
+  EXPECT_CONTAINS(msg, path("hf"));
+  EXPECT_CONTAINS(msg, "(2 problems)");
+  EXPECT_CONTAINS(msg, "blocks.0.mlp.fc.weight: shape [32, 16] in the checkpoint, [64, 16] in the model");
+  EXPECT_CONTAINS(msg, "missing ln_f.bias [16]");
   EXPECT_TRUE(unchanged(*model, before));
 
   // A name no GPT2LMHeadModel has: listed by its own name.
@@ -358,9 +345,9 @@ TEST_F(Safetensors, NameAndShapeMismatchesAreAllListedAndNothingIsCopied) {
   tensors.push_back({"score.weight", torch::ones({2, 16})});
   write_dir(path("hf2"), gpt2_config(), tensors);
   msg = error_of<lt::DataError>([&] { lt::trainers::init_model(path("hf2"), section, *model, false); });
-  EXPECT_HAS(msg, "2 tensors of the GPT2LMHeadModel weights cannot be placed");
-  EXPECT_HAS(msg, "unexpected transformer.h.0.attn.rotary.weight [3]");
-  EXPECT_HAS(msg, "unexpected score.weight [2, 16]");
+  EXPECT_CONTAINS(msg, "2 tensors of the GPT2LMHeadModel weights cannot be placed");
+  EXPECT_CONTAINS(msg, "unexpected transformer.h.0.attn.rotary.weight [3]");
+  EXPECT_CONTAINS(msg, "unexpected score.weight [2, 16]");
   EXPECT_TRUE(unchanged(*model, before));
 }
 
@@ -374,12 +361,12 @@ TEST_F(Safetensors, AnUntiedHeadIsRefusedAndLongerPositionsAreCropped) {
   auto section = gpt_section();
   auto model = lt::models::build_model(section);
   auto msg = error_of<lt::DataError>([&] { lt::trainers::init_model(path("hf"), section, *model, false); });
-  EXPECT_HAS(msg, "lm_head.weight differs from wte.weight");
+  EXPECT_CONTAINS(msg, "lm_head.weight differs from wte.weight");
   tensors.back().tensor = tensors[0].tensor.clone();  // tied: equal to wte
   write_dir(path("hf"), config, tensors);
   const auto r = lt::trainers::init_model(path("hf"), section, *model, false);
   ASSERT_FALSE(r.notes.empty());
-  EXPECT_HAS(r.notes[0], "took the first 8 of 20 position rows");
+  EXPECT_CONTAINS(r.notes[0], "took the first 8 of 20 position rows");
   for (auto& nt : lt::trainers::model_tensors(*model))
     if (nt.name == "wpe.weight") EXPECT_TRUE(torch::equal(nt.tensor, tensors[1].tensor.narrow(0, 0, 8)));
 }
@@ -392,8 +379,8 @@ TEST_F(Safetensors, AShardIndexPointingOutsideTheDirectoryIsRefused) {
   auto section = gpt_section();
   auto model = lt::models::build_model(section);
   const auto msg = error_of<lt::DataError>([&] { lt::trainers::init_model(path("hf"), section, *model, false); });
-  EXPECT_HAS(msg, "model.safetensors.index.json");
-  EXPECT_HAS(msg, "is not a file name in");
+  EXPECT_CONTAINS(msg, "model.safetensors.index.json");
+  EXPECT_CONTAINS(msg, "is not a file name in");
 }
 
 TEST_F(Safetensors, ExportFailuresWriteNothing) {
@@ -409,16 +396,16 @@ TEST_F(Safetensors, ExportFailuresWriteNothing) {
   // A bad checkpoint: nothing at --out.
   lt::files::write_atomic(path("bad.h5"), "not a checkpoint");
   auto msg = error_of<CheckpointError>([&] { lt::trainers::export_weights(path("bad.h5"), "hf", path("out1")); });
-  EXPECT_HAS(msg, path("bad.h5"));
+  EXPECT_CONTAINS(msg, path("bad.h5"));
   EXPECT_FALSE(lt::files::exists(path("out1")));
   // An --out under a file: nothing written.
   lt::files::write_atomic(path("a_file"), "x");
   msg = error_of<lt::StorageError>([&] { lt::trainers::export_weights(path("ok.h5"), "hf", path("a_file/out")); });
-  EXPECT_HAS(msg, path("a_file/out"));
-  EXPECT_HAS(msg, "nothing written");
+  EXPECT_CONTAINS(msg, path("a_file/out"));
+  EXPECT_CONTAINS(msg, "nothing written");
   // An unknown format.
   msg = error_of<lt::ConfigError>([&] { lt::trainers::export_weights(path("ok.h5"), "onnx", path("out2")); });
-  EXPECT_HAS(msg, "--format onnx");
+  EXPECT_CONTAINS(msg, "--format onnx");
   EXPECT_FALSE(lt::files::exists(path("out2")));
   // A kind without another library's counterpart: hf refused, safetensors written.
   lt::models::ModelConfig mc;  // mlp
@@ -430,8 +417,8 @@ TEST_F(Safetensors, ExportFailuresWriteNothing) {
   for (auto& nt : lt::trainers::model_tensors(*mlp)) m.model.push_back({nt.name, nt.tensor.detach().clone()});
   write_checkpoint(path("mlp.h5"), m);
   msg = error_of<lt::ConfigError>([&] { lt::trainers::export_weights(path("mlp.h5"), "hf", path("out_mlp")); });
-  EXPECT_HAS(msg, "model.kind = mlp");
-  EXPECT_HAS(msg, "use --format safetensors");
+  EXPECT_CONTAINS(msg, "model.kind = mlp");
+  EXPECT_CONTAINS(msg, "use --format safetensors");
   EXPECT_FALSE(lt::files::exists(path("out_mlp")));
   EXPECT_EQ(lt::trainers::export_weights(path("mlp.h5"), "safetensors", path("out_mlp")).size(), 1u);
   // And a good export: config.json + model.safetensors, nothing else.

@@ -13,8 +13,11 @@
 #include "leantrain/data/shards.h"
 #include "leantrain/models/registry.h"
 #include "leantrain/runtime/errors.h"
+#include "expect_error.h"
 
 namespace {
+
+using lt_test::error_of;
 
 using lt::data::TokenShard;
 
@@ -64,20 +67,6 @@ lt::InputContract gpt(int64_t seq_len, int64_t vocab) {
   m.n_head = 2;
   return lt::models::model_contract(m);
 }
-
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
 
 TEST(TokenShards, WindowsCoverEveryShardInOrderWithoutCrossingAShard) {
   ::mkdir((scratch() + "/train").c_str(), 0755);
