@@ -112,6 +112,50 @@ SCALES: Dict[str, dict] = {
         **EVERY_ROW,
         "ckpt": ["--model", "gpt2_small", "--rounds", "3"],
     },
+    # Note [Real shapes]: the issue's shapes users train, against the strongest recipe (SDPA,
+    # AdamW(fused=True), non-reentrant checkpoint, DDP no_sync, bf16 autocast): GPT d 768 with 6
+    # and 12 layers at seq 256, micro-batch 4; BERT-base at seq 128, micro-batch 8; ResNet-50 at
+    # 224x224, micro-batch 8. Attention dropout 0 (nanoGPT's pretraining setting; with dropout
+    # neither side has a fused attention kernel on the CPU, and PyTorch's SDPA math fallback
+    # would make the peer slower for a reason no user wants). Two micro-batches per rank at 1
+    # rank, one at 2 ranks (the global batch stays; 2 accumulating micro-batches per rank would
+    # double the 2-rank rows' minutes on 2 cores). One warm-up and two timed steps per run, one
+    # run per side (taking turns at 1 rank); `--repeats` for more. Its table is the headline of
+    # docs/BENCH_PEERS.md; the `cpu` scale's (seq 32, micro-batch 1) stays below it.
+    "real": {
+        "models": {
+            "gpt6": (GPT, {"model.n_layer": 6, "model.seq_len": 256, **NO_DROPOUT}, {}),
+            "gpt12": (GPT, {"model.n_layer": 12, "model.seq_len": 256, **NO_DROPOUT}, {}),
+            "bert": (BERT, {"model.seq_len": 128, **NO_DROPOUT}, {}),
+            "resnet50": (RESNET, {"model.image_size": 224}, {}),
+        },
+        "train": {"train.global_batch": 8, "train.micro_batch": 4, "train.steps": 3,
+                  "data.synthetic_samples": 512},
+        "train_by_model": {"bert": {"train.global_batch": 16, "train.micro_batch": 8},
+                           "resnet50": {"train.global_batch": 16, "train.micro_batch": 8}},
+        "repeats_default": 1,
+        "doc_marker": "real",
+        **EVERY_ROW,
+        "ckpt": ["--model", "gpt2_small", "--rounds", "3"],
+    },
+    # The same rows on one GPU (tests/gpu/peers.sh): 1 rank, the GPU-sized batches of `full`.
+    "real-gpu": {
+        "models": {
+            "gpt6": (GPT, {"model.n_layer": 6, "model.seq_len": 1024, **NO_DROPOUT}, {}),
+            "gpt12": (GPT, {"model.n_layer": 12, "model.seq_len": 1024, **NO_DROPOUT}, {}),
+            "bert": (BERT, {"model.seq_len": 128, **NO_DROPOUT}, {}),
+            "resnet50": (RESNET, {"model.image_size": 224}, {}),
+        },
+        "train": {"train.global_batch": 32, "train.micro_batch": 8, "train.steps": 8,
+                  "data.synthetic_samples": 2048, "train.device": "cuda"},
+        "train_by_model": {"bert": {"train.global_batch": 128, "train.micro_batch": 64},
+                           "resnet50": {"train.global_batch": 128, "train.micro_batch": 64}},
+        "repeats_default": 1,
+        "doc_marker": "real-gpu",
+        **EVERY_ROW,
+        "ranks": [1],
+        "ckpt": ["--model", "gpt2_small", "--rounds", "3"],
+    },
     "full": {
         "models": {
             "gpt6": (GPT, {"model.n_layer": 6, "model.seq_len": 512}, {}),
@@ -200,6 +244,7 @@ class Bench:
             train = dict(s["train"])
             if m.startswith("resnet") and "train_resnet" in s:
                 train.update(s["train_resnet"])
+            train.update(s.get("train_by_model", {}).get(m, {}))
             ranks = [int(x) for x in self.args.ranks.split(",")] if self.args.ranks else s["ranks"]
             for r in ranks:
                 for p in s["precisions"]:
@@ -212,6 +257,8 @@ class Bench:
                         sets = dict(model_sets)
                         sets.update(train)
                         sets.update(COMMON)
+                        if "train.device" in train:
+                            sets["train.device"] = train["train.device"]
                         sets.update({"precision.mode": p, "memory.activation_checkpoint": c})
                         out.append(dict(label=label, model=m, config=config, model_sets=model_sets,
                                         train=train, ranks=r, precision=p, ckpt=c, sets=sets))
@@ -367,7 +414,7 @@ class Bench:
         for the parity rows]), else 2."""
         if self.args.repeats is not None:
             return self.args.repeats
-        return self.scale.get("repeats", {}).get((row["model"], row["ranks"]), 2)
+        return self.scale.get("repeats", {}).get((row["model"], row["ranks"]), self.scale.get("repeats_default", 2))
 
     def measure_row(self, row: dict) -> dict:
         init, export_cfg = self.export_init(row)
@@ -586,9 +633,15 @@ def main(argv) -> int:
         print(f"compare.py: no leantrain binary in --bin {args.bin} (build it: bash bench/peers/run.sh builds)",
               file=sys.stderr)
         return 2
-    # The doc holds whole runs only: not smoke, not a --rows / --ranks subset.
-    doc = args.doc if args.doc is not None else (None if args.scale == "smoke" or args.rows or args.ranks else
-                                                  os.path.join(ROOT, "docs", "BENCH_PEERS.md"))
+    # The doc holds whole runs only: not smoke, not a --rows subset. A --ranks subset of a scale
+    # with a doc marker of its own (real) has its own section (the 1- and 2-rank halves of the
+    # real scale take ~an hour each on 2 cores).
+    marker = SCALES[args.scale].get("doc_marker", "")
+    if marker and args.ranks:
+        marker += f" ranks {args.ranks}"
+    doc = args.doc if args.doc is not None else (
+        None if args.scale == "smoke" or args.rows or (args.ranks and not marker) else
+        os.path.join(ROOT, "docs", "BENCH_PEERS.md"))
     os.makedirs(args.out, exist_ok=True)
     bench = Bench(args)
     rows = bench.rows()
@@ -624,7 +677,7 @@ def main(argv) -> int:
                    "rows": [{k: v for k, v in s.items() if k != "row"} | {"label": s["row"]["label"],
                             "sets": s["row"]["sets"]} for s in results], "extra": extra}, fh, indent=1)
     if doc:
-        write_doc(doc, md, args, wall, len(rows), n_runs)
+        write_doc(doc, md, args, wall, len(rows), n_runs, marker)
     report = subprocess.run([os.path.join(args.bin, "leantrain"), "report", "--help"], capture_output=True, text=True)
     if report.returncode == 0 and "--bench" in report.stdout + report.stderr:
         # Into a folder of its own: `report --out DIR` replaces what DIR held (results.jsonl too).
@@ -655,10 +708,12 @@ def cpu_label() -> str:
     return f"{model}, {os.cpu_count()} cores, bf16 instructions: {' + '.join(bf16) if bf16 else 'none'}"
 
 
-def write_doc(path: str, md: str, args, wall: float, n_rows: int, runs: int) -> None:
+def write_doc(path: str, md: str, args, wall: float, n_rows: int, runs: int, marker: str = "") -> None:
     """The generated part of docs/BENCH_PEERS.md, between the two markers (the prose around it
-    is kept); a new file gets just the markers and the table."""
-    begin, end = "<!-- BEGIN GENERATED by bench/peers/compare.py -->", "<!-- END GENERATED -->"
+    is kept); a new file gets just the markers and the table. A scale with a doc marker (real)
+    has its own pair of markers, so its table and the cpu scale's live side by side."""
+    tag = f" ({marker})" if marker else ""
+    begin, end = f"<!-- BEGIN GENERATED{tag} by bench/peers/compare.py -->", f"<!-- END GENERATED{tag} -->"
     load = os.getloadavg()
     body = (f"{begin}\nMeasured at commit `{commit_label()}`, `--scale {args.scale}`, "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {wall:.0f} s wall, load average at the end "
