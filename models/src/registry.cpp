@@ -121,6 +121,18 @@ ModelKind builtin(const std::string& name, std::string doc, Bound bound, std::fu
   return k;
 }
 
+// The attention term of a transformer kind (attention_memory.h): causal for GPT, bidirectional for BERT.
+ModelKind with_attention(ModelKind k, Bound bound, bool causal) {
+  const std::string name = k.name;
+  k.attention_memory = [name, bound, causal](const Options& o, const c10::Device& device, c10::ScalarType dtype,
+                                             const RecomputePolicy& policy) {
+    ModelConfig c = bound.read(o);
+    c.kind = name;
+    return transformer_attention_memory(c, causal, device, dtype, policy);
+  };
+  return k;
+}
+
 // Another library's weights for a built-in kind (foreign_weights.h), read from its options.
 ModelKind with_foreign(ModelKind k, Bound bound, ImportedWeights (*import)(const ModelConfig&, const ForeignWeights&),
                        ExportedWeights (*exp)(const ModelConfig&, const NamedTensors&)) {
@@ -141,14 +153,18 @@ KindRegistry<ModelKind>& registry() {
     auto* reg = new KindRegistry<ModelKind>("model");  // never destroyed: kinds outlive static teardown
     reg->add(builtin<MLP>("mlp", "A multi-layer perceptron over flattened images (the default kind).",
                           mlp_options(), {}, image_contract));
-    reg->add(with_foreign(builtin<GPT>("gpt", "A GPT-2 style decoder: causal language modelling, next-token targets.",
-                                       gpt_options(), check_heads,
-                                       [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kNextToken); }),
-                          gpt_options(), import_gpt2, export_gpt2));
-    reg->add(with_foreign(builtin<Bert>("bert", "A BERT encoder with a masked-LM head: masked-token targets.", bert_options(),
-                                        check_heads,
-                                        [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kMaskedTokens); }),
-                          bert_options(), import_bert, export_bert));
+    reg->add(with_attention(
+        with_foreign(builtin<GPT>("gpt", "A GPT-2 style decoder: causal language modelling, next-token targets.",
+                                  gpt_options(), check_heads,
+                                  [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kNextToken); }),
+                     gpt_options(), import_gpt2, export_gpt2),
+        gpt_options(), /*causal=*/true));
+    reg->add(with_attention(
+        with_foreign(builtin<Bert>("bert", "A BERT encoder with a masked-LM head: masked-token targets.", bert_options(),
+                                   check_heads,
+                                   [](const ModelConfig& c) { return token_contract(c, InputContract::Target::kMaskedTokens); }),
+                     bert_options(), import_bert, export_bert),
+        bert_options(), /*causal=*/false));
     reg->add(with_foreign(builtin<ResNet>(
                               "resnet", "A ResNet image classifier (torchvision's layout, BatchNorm, zero-initialised last norms).",
                               resnet_options(), [](const ModelConfig& c) { (void)resnet_layout(c); }, image_contract),
@@ -201,6 +217,13 @@ InputContract model_contract(const ModelSection& section) {
 std::shared_ptr<Model> build_model(const ModelSection& section) {
   const ModelSection s = resolve_model(section);
   return model_kind(s.kind).build(s.options);
+}
+
+AttentionMemory attention_memory(const ModelSection& section, const c10::Device& device, c10::ScalarType dtype,
+                                 const RecomputePolicy& policy) {
+  const ModelSection s = resolve_model(section);
+  const ModelKind& k = model_kind(s.kind);
+  return k.attention_memory ? k.attention_memory(s.options, device, dtype, policy) : AttentionMemory{};
 }
 
 ModelConfig builtin_model_config(const ModelSection& section) {

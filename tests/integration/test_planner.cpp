@@ -100,6 +100,13 @@ TEST_F(Planner, ChosenPlanKeepsA30StepRunUnderTheBudget) {
   int skipped = 0;
   for (const auto& [pair, rows] : pairs) {
     ASSERT_EQ(rows.size(), 6u) << pair;
+    if (rows[0]["same_as"].is_string()) {
+      // Note [Selective under a fused kernel]: the tiny GPT's SDPA runs the flash kernel, so
+      // selective is none's step and is not probed.
+      EXPECT_NE(pair.find("/selective"), std::string::npos) << pair;
+      for (const auto& r : rows) EXPECT_FALSE(r["probed"].get<bool>()) << pair;
+      continue;
+    }
     int probes = 0;
     for (const auto& r : rows) probes += r["probed"].get<bool>() ? 1 : 0;
     EXPECT_GE(probes, 1) << pair;
@@ -264,7 +271,8 @@ TEST_F(Planner, ASlowPrecisionIsListedAsSlowAndNotProbed) {
   for (const auto& f : plan["fits"]) {
     if (f["precision"] == "fp32") {
       EXPECT_FALSE(f["slow"].get<bool>());
-      if (f["dominated"].get<bool>()) continue;  // not probed: no warm-up (Note [Recomputation is dominated])
+      // Not probed, no warm-up: Note [Recomputation is dominated], Note [Selective under a fused kernel].
+      if (f["dominated"].get<bool>() || f["same_as"].is_string()) continue;
       EXPECT_GT(f["points"].get<int>(), 0);
       const double w = f["warmup_forward_s"].get<double>();
       if (fp32_warmup < 0 || w < fp32_warmup) fp32_warmup = w;
@@ -308,6 +316,111 @@ TEST_F(Planner, ASlowPrecisionIsListedAsSlowAndNotProbed) {
                      " --memory-budget 4MiB --out " + (dir_ / "bad").string());
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("LEANTRAIN_PLANNER_DELAY"), std::string::npos) << bad.err;
+}
+
+// Note [Attention floor], Note [Selective under a fused kernel]: a GPT of 2 layers, d_model
+// 64, 4 heads at seq 1024 (global batch 8: micro-batches 1, 2, 4, 8) under one budget, with
+// each attention core. Plain attention keeps 2 x 4 x 1024^2 x 4 bytes a sample in fp32 (32
+// MiB) and briefly 2 more of one layer's [H,T,T] (32 MiB): its `none` candidates are over the
+// 57.6 MiB limit by that alone and are not probed; SDPA's flash kernel keeps none, fits a
+// larger micro-batch, and its `selective` is `none`'s, listed and not probed.
+TEST_F(Planner, TheAttentionTermPrunesPlainAndSdpaFitsALargerMicroBatch) {
+  const std::string cfg = config(3) + " --set model.seq_len=1024 --set model.d_model=64 --set model.n_head=4" +
+                          " --set train.global_batch=8 --set train.threads=2";
+  const int64_t scores = 4LL * 1024 * 1024;  // n_head x T^2
+  auto plan_with = [&](const std::string& attention, const std::string& budget) {
+    return run("plan --config " + cfg + " --set model.attention=" + attention + " --memory-budget " + budget +
+               " --out " + (dir_ / (attention + budget)).string());
+  };
+  auto plain = plan_with("plain", "64MiB");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  auto sdpa = plan_with("sdpa", "64MiB");
+  ASSERT_EQ(sdpa.code, 0) << sdpa.err;
+  const auto pp = nlohmann::json::parse(slurp(dir_ / "plain64MiB" / "plan.json"));
+  const auto ps = nlohmann::json::parse(slurp(dir_ / "sdpa64MiB" / "plan.json"));
+  const int64_t fixed = pp["fixed_minimum_bytes"].get<int64_t>(), limit = pp["limit_bytes"].get<int64_t>();
+
+  int pruned = 0;
+  for (const auto& r : pp["candidates"]) {
+    const std::string what = r.dump();
+    const std::string prec = r["precision"], policy = r["activation_checkpoint"];
+    const int64_t e = prec == "fp32" ? 4 : 2, m = r["micro_batch"].get<int64_t>();
+    // The term: none keeps both layers' probabilities, a recompute policy one layer's rerun.
+    const int64_t term = (policy == "none" ? 2 : 1) * scores * e;
+    EXPECT_EQ(r["attention_bytes_per_sample"].get<int64_t>(), term) << what;
+    // Micro-batch 8 runs without accumulation: its gradients are freed before the forward
+    // (Note [Planner probe]), so its floor leaves them out: 169,728 fp32 parameters (wte 64x64,
+    // wpe 1024x64, 2 blocks of 49,984, ln_f 128).
+    const int64_t gradients = m == 8 ? 169728 * 4 : 0;
+    EXPECT_EQ(r["floor_peak_bytes"].get<int64_t>(), fixed - gradients + (term + 2 * scores * e) * m) << what;
+    EXPECT_TRUE(r["same_as"].is_null()) << what;
+    // The floor is a lower bound of every measured peak.
+    if (r["probed"].get<bool>()) EXPECT_GE(r["measured_peak_bytes"].get<int64_t>(), r["floor_peak_bytes"].get<int64_t>()) << what;
+    if (r["attention_pruned"].get<bool>()) {
+      ++pruned;
+      EXPECT_FALSE(r["probed"].get<bool>()) << what;
+      EXPECT_FALSE(r["oom"].get<bool>()) << what;
+      EXPECT_GT(r["floor_peak_bytes"].get<int64_t>(), limit) << what;
+    }
+    // fp32 none: 2.6 MiB + 64 MiB at micro-batch 1 is over the limit already: no probe at all.
+    if (prec == "fp32" && policy == "none") EXPECT_TRUE(r["attention_pruned"].get<bool>()) << what;
+  }
+  EXPECT_GE(pruned, 10);
+  for (const auto& f : pp["fits"])
+    if (f["precision"] == "fp32") EXPECT_EQ(f["attention_core"], "plain") << f.dump();
+  EXPECT_NE(plain.out.find("pruned:attn"), std::string::npos) << plain.out;
+  EXPECT_NE(plain.out.find("fp32 none: no probe fitted; attention 32.00 MiB/sample (plain)"), std::string::npos)
+      << plain.out;
+
+  std::map<int64_t, nlohmann::json> none32;
+  for (const auto& r : ps["candidates"]) {
+    EXPECT_EQ(r["attention_bytes_per_sample"].get<int64_t>(), 0) << r.dump();
+    EXPECT_EQ(r["floor_peak_bytes"].get<int64_t>(), -1) << r.dump();
+    EXPECT_FALSE(r["attention_pruned"].get<bool>()) << r.dump();
+    if (r["precision"] == "fp32" && r["activation_checkpoint"] == "none") none32[r["micro_batch"].get<int64_t>()] = r;
+  }
+  int same = 0;
+  for (const auto& r : ps["candidates"]) {
+    if (r["precision"] != "fp32" || r["activation_checkpoint"] != "selective") continue;
+    ++same;
+    EXPECT_EQ(r["same_as"], "none");
+    EXPECT_FALSE(r["probed"].get<bool>());
+    EXPECT_FALSE(r["fits"].get<bool>());
+    const auto& n = none32.at(r["micro_batch"].get<int64_t>());
+    EXPECT_EQ(r["predicted_peak_bytes"], n["predicted_peak_bytes"]);
+    EXPECT_EQ(r["predicted_samples_per_s"], n["predicted_samples_per_s"]);
+  }
+  EXPECT_EQ(same, 4);
+  for (const auto& f : ps["fits"]) {
+    if (f["precision"] != "fp32") continue;
+    EXPECT_EQ(f["attention_core"], "sdpa: flash attention");
+    if (f["activation_checkpoint"] == "selective") {
+      EXPECT_EQ(f["same_as"], "none");
+      EXPECT_EQ(f["points"], 0);
+    }
+  }
+  EXPECT_NE(sdpa.out.find("fp32 selective: same as none, not probed (sdpa: flash attention keeps no [B,H,T,T] "
+                          "tensors for selective to drop)"),
+            std::string::npos)
+      << sdpa.out;
+  // SDPA fits a larger micro-batch under the same budget (fp32 none at 4: 40 MiB measured;
+  // plain's best is micro-batch 1 or 2 with recompute).
+  EXPECT_GT(ps["chosen"]["micro_batch"].get<int64_t>(), pp["chosen"]["micro_batch"].get<int64_t>());
+
+  // Under 24 MiB (limit 21.6 MiB) plain's floors put every candidate over: refused without a
+  // single probe, naming the attention; SDPA fits.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto none_fit = plan_with("plain", "24MiB");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(none_fit.code, 2) << none_fit.err;
+  EXPECT_NE(none_fit.err.find("the attention cores' [B,H,T,T] tensors alone put every candidate over the limit"),
+            std::string::npos)
+      << none_fit.err;
+  EXPECT_NE(none_fit.err.find("use model.attention = \"sdpa\" with model.dropout = 0"), std::string::npos)
+      << none_fit.err;
+  EXPECT_LT(seconds, 10.0);
+  auto fits = plan_with("sdpa", "24MiB");
+  EXPECT_EQ(fits.code, 0) << fits.err;
 }
 
 TEST_F(Planner, AutoAndPlanNeedABudget) {

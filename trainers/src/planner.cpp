@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "leantrain/data/dataset.h"
 #include "leantrain/data/registry.h"
 #include "leantrain/recompute/recompute.h"
+#include "leantrain/models/attention_memory.h"
 #include "leantrain/models/model.h"
 #include "leantrain/models/registry.h"
 #include "leantrain/runtime/errors.h"
@@ -271,8 +273,11 @@ struct Planner {
   std::vector<int64_t> micros;  // powers of two dividing the per-rank batch
   std::shared_ptr<data::Dataset> train;
   int64_t comm_bytes;  // the gradient buckets' flat buffers (0 at one rank)
+  int64_t grad_bytes;  // one fp32 copy of the parameters: the gradients
   ProbeDelay delay;
   Plan& plan;
+  // The analytic attention term of each "precision/policy" (Note [Attention floor]).
+  std::map<std::string, models::AttentionMemory> attention;
   double fastest_warmup = -1;             // per sample, over the pairs probed so far
   std::set<std::string> slow_precisions;  // Note [Slow candidates]
   std::set<std::string> none_fits_whole;  // Note [Recomputation is dominated]
@@ -351,7 +356,10 @@ bool judged_slow(Planner& s, PlanFit& fit, models::Model& model) {
 /// The index of the pair's next micro-batch to probe; -1 when none is left.
 int next_probe(const Planner& s, const PairProbes& pp) {
   const Plan& plan = s.plan;
-  auto tried = [&](size_t k) { return plan.rows[pp.first_row + k].probed || plan.rows[pp.first_row + k].oom; };
+  auto tried = [&](size_t k) {
+    const PlanRow& r = plan.rows[pp.first_row + k];
+    return r.probed || r.oom || r.attention_pruned;
+  };
   if (!tried(0)) return 0;
   if (pp.solo && !tried(pp.last)) return static_cast<int>(pp.last);
   const auto [a, b] = fit_line(pp.line_xs, pp.peaks, static_cast<double>(plan.fixed_minimum));
@@ -417,7 +425,7 @@ void mark_unprobed_rows(Planner& s, const PlanFit& fit, const PairProbes& pp) {
     auto& row = s.plan.rows[pp.first_row + k];
     if (fit.slow) row.slow = true;
     // Below a micro-batch measured to fit: dominated by it (Note [Probe order]).
-    else if (!row.probed && !row.oom && static_cast<int>(k) < pp.largest_fit)
+    else if (!row.probed && !row.oom && !row.attention_pruned && static_cast<int>(k) < pp.largest_fit)
       row.skipped = true;
   }
 }
@@ -427,7 +435,12 @@ void mark_unprobed_rows(Planner& s, const PlanFit& fit, const PairProbes& pp) {
 void fit_pair(Planner& s, PlanFit& fit, const PairProbes& pp) {
   Plan& plan = s.plan;
   fit.points = static_cast<int>(pp.xs.size());
-  if (pp.xs.empty()) return;
+  if (pp.xs.empty()) {
+    // No probe: for the candidates pruned by it, the floor is all that is known (Note [Attention floor]).
+    for (size_t i = pp.first_row; i < plan.rows.size(); ++i)
+      if (plan.rows[i].attention_pruned) plan.rows[i].predicted_peak = plan.rows[i].floor_peak;
+    return;
+  }
   // A lone accumulation-1 probe (a batch of 1) still gives the line its one point.
   const auto [a, b] = pp.line_xs.empty() ? fit_line(pp.xs, {pp.solo_peak}, static_cast<double>(plan.fixed_minimum))
                                          : fit_line(pp.line_xs, pp.peaks, static_cast<double>(plan.fixed_minimum));
@@ -443,6 +456,9 @@ void fit_pair(Planner& s, PlanFit& fit, const PairProbes& pp) {
     auto& row = plan.rows[i];
     const double m = static_cast<double>(row.micro_batch);
     row.predicted_peak = static_cast<int64_t>(std::ceil(fit.fixed_bytes + fit.per_sample_bytes * m));
+    // Never below the floor (Note [Attention floor]): it matters where the line was fitted
+    // on small micro-batches whose per-sample slope the attention term outgrows.
+    row.predicted_peak = std::max(row.predicted_peak, row.floor_peak);
     // Off the line: its own measurement is its prediction (Note [Planner probe]).
     if (pp.solo && i == pp.first_row + pp.last && row.probed) row.predicted_peak = row.measured_peak;
     const double micro_s = std::max(1e-9, fit.micro_fixed_s + fit.micro_per_sample_s * m);
@@ -460,6 +476,89 @@ void fit_pair(Planner& s, PlanFit& fit, const PairProbes& pp) {
 // applies it removes two of three pairs' probes (GPT-12L seq 512 under 4 GiB: 12 candidates,
 // 4 probes instead of 12); where `none` does not fit the whole batch, every policy is probed.
 
+// Note [Attention floor]: the model kind's analytic attention term (models/attention_memory.h,
+// Note [Attention memory term] in models/src/attention_memory.cpp) is the bytes of [B,H,T,T]
+// tensors its attention cores keep for backward, per sample: 0 under a fused SDPA kernel,
+// layers x heads x T^2 x the bytes the plain core keeps per score under `none`; one layer's
+// core briefly adds two more such tensors (floor_bytes_per_sample = term + that transient).
+// At that moment the step also holds the fixed part (parameters, the gradients of the
+// earlier micro-batch, the optimizer state, the gradient buckets), so
+//     floor(m) = fixed part + (term + transient) x m
+// is a lower bound on a candidate's peak; for the one-rank candidate without accumulation,
+// whose gradients are freed before its forward (Note [Planner probe]), the fixed part less
+// the gradients. A candidate whose floor is over the limit is not probed (`attention_pruned`;
+// the larger micro-batches of the line with it), and when that is every candidate of a pair,
+// its model is not even built: at seq 2048 a probe of a plain-attention GPT that cannot fit
+// is the most expensive probe there is, and its out-of-memory error comes only after most
+// of a forward. Every prediction is at least the floor (before the first probe the floor is
+// the only prediction); a probe measuring above its prediction raises the line, never the
+// floor. Rows record the term and the floor (plan.json `attention_bytes_per_sample`,
+// `floor_peak_bytes`).
+
+/// The pair's rows' attention term and floor (Note [Attention floor]).
+void set_floors(const Planner& s, const PairProbes& pp, const models::AttentionMemory& am) {
+  for (size_t k = 0; k < s.micros.size(); ++k) {
+    PlanRow& row = s.plan.rows[pp.first_row + k];
+    row.attention_bytes_per_sample = am.bytes_per_sample;
+    if (am.floor_bytes_per_sample <= 0) continue;
+    const int64_t fixed = s.plan.fixed_minimum - (pp.solo && k == pp.last ? s.grad_bytes : 0);
+    row.floor_peak = fixed + am.floor_bytes_per_sample * s.micros[k];
+  }
+}
+
+/// Marks the pair's rows whose floor is over the limit as pruned (the line's bound moves below
+/// them); true when every row is.
+bool prune_by_attention(const Planner& s, PairProbes& pp) {
+  bool all = true;
+  for (size_t k = 0; k < s.micros.size(); ++k) {
+    PlanRow& row = s.plan.rows[pp.first_row + k];
+    if (row.floor_peak > s.plan.limit) {
+      row.attention_pruned = true;
+      if (!(pp.solo && k == pp.last)) pp.bound = std::min(pp.bound, k);
+    } else {
+      all = false;
+    }
+  }
+  return all;
+}
+
+// Note [Selective under a fused kernel]: `selective` recomputes the attention core only where
+// it materialises the [B,H,T,T] probabilities; under a fused SDPA kernel the core never runs
+// through its recompute region (Note [Selective recompute under SDPA] in
+// models/src/transformer.cpp), so a step under `selective` is the step under `none`: the same
+// graph, the same peak, the same time (measured: AttentionMemory.SdpaDropsTheProbabilitiesAnd
+// SelectiveKeepsNoneOfItsOwn). Its pair is not probed: its rows are none's predictions,
+// `same_as` "none", never chosen (none's rows are).
+
+/// The selective pair as a copy of the same precision's none (Note [Selective under a fused
+/// kernel]); false when that none was not planned before it (then selective is probed).
+bool copy_none(Planner& s, PlanFit& fit) {
+  Plan& plan = s.plan;
+  const PlanFit* none = nullptr;
+  for (const auto& f : plan.fits)
+    if (f.precision == fit.precision && f.policy == "none") none = &f;
+  if (none == nullptr) return false;
+  PlanFit copy = *none;
+  copy.policy = fit.policy;
+  copy.points = 0;
+  copy.warmup_forward_s = -1;
+  copy.same_as = "none";
+  std::vector<PlanRow> rows;
+  for (const auto& r : plan.rows) {
+    if (r.precision != fit.precision || r.policy != "none") continue;
+    PlanRow row = make_row(fit.precision, fit.policy, r.micro_batch, s.per_rank);
+    row.predicted_peak = r.predicted_peak;
+    row.predicted_sps = r.predicted_sps;
+    row.attention_bytes_per_sample = r.attention_bytes_per_sample;
+    row.floor_peak = r.floor_peak;
+    row.same_as = "none";
+    rows.push_back(row);
+  }
+  plan.rows.insert(plan.rows.end(), rows.begin(), rows.end());
+  plan.fits.push_back(copy);
+  return true;
+}
+
 /// One (precision, policy): its rows (one per micro-batch) and its fit, appended to the plan;
 /// probed, or listed as slow or dominated without a probe.
 void plan_pair(Planner& s, const std::string& precision, const std::string& policy) {
@@ -467,6 +566,9 @@ void plan_pair(Planner& s, const std::string& precision, const std::string& poli
   PlanFit fit;
   fit.precision = precision;
   fit.policy = policy;
+  const models::AttentionMemory& am = s.attention.at(precision + "/" + policy);
+  fit.attention_core = am.core;
+  fit.attention_bytes_per_sample = am.bytes_per_sample;
   PairProbes pp = start_pair(s);
   // Not probed: a later policy of a slow precision recomputes more, so at micro-batch 1 it
   // is slower still (Note [Slow candidates]); one of a precision whose `none` fits the whole
@@ -480,17 +582,27 @@ void plan_pair(Planner& s, const std::string& precision, const std::string& poli
       row.skipped = fit.dominated;
       plan.rows.push_back(row);
     }
+    set_floors(s, pp, am);
     plan.fits.push_back(fit);
     return;
   }
+  if (policy == "selective" && am.selective_is_none && copy_none(s, fit)) return;
   for (const int64_t m : s.micros) plan.rows.push_back(make_row(precision, policy, m, s.per_rank));
+  set_floors(s, pp, am);
+  if (prune_by_attention(s, pp)) {
+    // Every candidate of the pair is over the limit by its attention term alone: no model, no probe.
+    fit_pair(s, fit, pp);
+    plan.fits.push_back(fit);
+    return;
+  }
   try {
     const std::shared_ptr<models::Model> model = build_pair_model(s, policy);
     probe_pair(s, fit, pp, model);
   } catch (const c10::OutOfMemoryError&) {
     // The model and its optimizer state alone did not fit: every row of this pair is out.
     for (size_t k = 0; k < s.micros.size(); ++k)
-      if (!plan.rows[pp.first_row + k].probed) plan.rows[pp.first_row + k].oom = true;
+      if (!plan.rows[pp.first_row + k].probed && !plan.rows[pp.first_row + k].attention_pruned)
+        plan.rows[pp.first_row + k].oom = true;
   }
   mark_unprobed_rows(s, fit, pp);
   fit_pair(s, fit, pp);
@@ -499,10 +611,35 @@ void plan_pair(Planner& s, const std::string& precision, const std::string& poli
 }
 
 /// No candidate fits: a ConfigError with the smallest measured peak and the budget it needs.
-[[noreturn]] void throw_no_fit(const Plan& plan, const PlanOptions& opt) {
-  int64_t smallest = -1;
-  for (const auto& r : plan.rows)
+[[noreturn]] void throw_no_fit(const Planner& s, const PlanOptions& opt) {
+  const Plan& plan = s.plan;
+  int64_t smallest = -1, smallest_floor = -1;
+  const PlanRow* floor_row = nullptr;
+  bool any_oom = false;
+  for (const auto& r : plan.rows) {
     if (r.probed && (smallest < 0 || r.measured_peak < smallest)) smallest = r.measured_peak;
+    any_oom |= r.oom;
+    if (r.attention_pruned && (smallest_floor < 0 || r.floor_peak < smallest_floor)) {
+      smallest_floor = r.floor_peak;
+      floor_row = &r;
+    }
+  }
+  if (smallest <= 0 && floor_row != nullptr) {
+    // Nothing measured: the attention term alone put the candidates that were not out of
+    // memory over the limit (Note [Attention floor]).
+    const int64_t need = any_oom ? std::min(smallest_floor, opt.budget + 1) : smallest_floor;
+    const auto at_least = static_cast<int64_t>(std::ceil(static_cast<double>(need) / (1.0 - opt.margin)));
+    const auto& am = s.attention.at(floor_row->precision + "/" + floor_row->policy);
+    throw ConfigError("memory.budget = " + bytes_text(opt.budget) + ": no configuration fits with the " +
+                      fmt(100 * opt.margin, "%.0f") + "% margin: the attention cores' [B,H,T,T] tensors alone put " +
+                      (any_oom ? "the candidates that did not run out of memory" : "every candidate") +
+                      " over the limit (" + floor_row->precision + "/" + floor_row->policy + " at micro-batch " +
+                      std::to_string(floor_row->micro_batch) + " needs at least " + bytes_text(smallest_floor) +
+                      ": the fixed part + " + models::describe(am) +
+                      "); use model.attention = \"sdpa\" with model.dropout = 0 (a fused kernel keeps none of "
+                      "them), a shorter model.seq_len, or give --memory-budget at least " +
+                      std::to_string(at_least) + " bytes");
+  }
   // Every probe out of memory: the smallest candidate needs more than the whole budget.
   const int64_t need = smallest > 0 ? smallest : opt.budget + 1;
   const auto at_least = static_cast<int64_t>(std::ceil(static_cast<double>(need) / (1.0 - opt.margin)));
@@ -515,13 +652,14 @@ void plan_pair(Planner& s, const std::string& precision, const std::string& poli
 }
 
 /// The choice: the highest predicted samples/s among the candidates that fit.
-void choose(Plan& plan, const PlanOptions& opt) {
+void choose(const Planner& s, const PlanOptions& opt) {
+  Plan& plan = s.plan;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const auto& r = plan.rows[i];
     if (r.fits && (plan.chosen < 0 || r.predicted_sps > plan.rows[static_cast<size_t>(plan.chosen)].predicted_sps))
       plan.chosen = static_cast<int>(i);
   }
-  if (plan.chosen < 0) throw_no_fit(plan, opt);
+  if (plan.chosen < 0) throw_no_fit(s, opt);
 }
 
 }  // namespace
@@ -541,12 +679,21 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
   plan.fixed_minimum = checked_fixed_minimum(cfg.train, meter, param_bytes, comm_bytes, opt.budget);
 
   Planner planner{cfg, ctx, opt, world_size, device, per_rank, std::move(micros), data.train, comm_bytes,
-                  probe_delay_from_env(), plan};
+                  param_bytes, probe_delay_from_env(), plan, {}};
+  // The analytic attention terms (Note [Attention floor]), before the budget is in force (the
+  // SDPA kernel query allocates one [1,H,T,D/H] tensor).
+  for (const auto& precision : precisions)
+    for (const auto& policy : opt.policies) {
+      const c10::ScalarType dtype =
+          precision == "bf16" ? c10::kBFloat16 : (precision == "fp16" ? c10::kHalf : c10::kFloat);
+      planner.attention[precision + "/" + policy] =
+          models::attention_memory(cfg.model, device, dtype, models::CheckpointPolicy::parse(policy));
+    }
   // The probes hold no gradient buckets: under mpirun their buffers come off the budget.
   BudgetScope scope(meter, opt.budget - comm_bytes);
   for (const auto& precision : precisions)
     for (const auto& policy : opt.policies) plan_pair(planner, precision, policy);
-  choose(plan, opt);
+  choose(planner, opt);
   return plan;
 }
 
@@ -609,9 +756,17 @@ std::string plan_table(const Plan& plan) {
   o << line;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const auto& r = plan.rows[i];
-    const std::string pred = r.predicted_peak >= 0 ? format_bytes(r.predicted_peak) : "-";
+    // A prediction without any probe of the pair is the attention floor: ">=".
+    const std::string pred = r.predicted_peak < 0 ? "-"
+                             : (r.attention_pruned && r.predicted_peak == r.floor_peak ? ">=" : "") +
+                                   format_bytes(r.predicted_peak);
     const std::string meas =
-        r.probed ? format_bytes(r.measured_peak) : (r.oom ? "OOM" : (r.slow ? "slow" : (r.skipped ? "skipped" : "pruned")));
+        r.probed ? format_bytes(r.measured_peak)
+                 : (r.oom ? "OOM"
+                          : (r.slow ? "slow"
+                                    : (r.skipped ? "skipped"
+                                                 : (!r.same_as.empty() ? "= " + r.same_as
+                                                                       : (r.attention_pruned ? "pruned:attn" : "pruned")))));
     const std::string psps = r.predicted_sps > 0 ? fmt(r.predicted_sps, "%.1f") : "-";
     const std::string msps = r.measured_sps > 0 ? fmt(r.measured_sps, "%.1f") : "-";
     const std::string mark = static_cast<int>(i) == plan.chosen ? "<- chosen" : (r.fits ? "fits" : "");
@@ -634,12 +789,22 @@ std::string plan_table(const Plan& plan) {
         << " none fits at the whole batch; recomputation only adds time)\n";
       continue;
     }
+    if (!f.same_as.empty()) {
+      o << "  " << f.precision << " " << f.policy << ": same as " << f.same_as << ", not probed (" << f.attention_core
+        << " keeps no [B,H,T,T] tensors for " << f.policy << " to drop)\n";
+      continue;
+    }
+    const std::string attention =
+        f.attention_bytes_per_sample > 0
+            ? "; attention " + format_bytes(f.attention_bytes_per_sample) + "/sample (" + f.attention_core + ")"
+            : (f.attention_core.empty() ? "" : "; attention " + f.attention_core + ": no [B,H,T,T] tensors");
     if (f.points == 0) {
-      o << "  " << f.precision << " " << f.policy << ": no probe fitted\n";
+      o << "  " << f.precision << " " << f.policy << ": no probe fitted" << attention << "\n";
       continue;
     }
     o << "  " << f.precision << " " << f.policy << ": fixed " << format_bytes(static_cast<int64_t>(f.fixed_bytes))
-      << " + " << format_bytes(static_cast<int64_t>(f.per_sample_bytes)) << "/sample (" << f.points << " probes)\n";
+      << " + " << format_bytes(static_cast<int64_t>(f.per_sample_bytes)) << "/sample (" << f.points << " probes)"
+      << attention << "\n";
   }
   if (plan.chosen >= 0) {
     std::string sets;
@@ -685,7 +850,11 @@ std::string plan_to_json(const Plan& plan) {
                           {"skipped", r.skipped},
                           {"measured_peak_bytes", r.measured_peak}, {"predicted_peak_bytes", r.predicted_peak},
                           {"measured_samples_per_s", r.measured_sps}, {"predicted_samples_per_s", r.predicted_sps},
-                          {"fits", r.fits}};
+                          {"fits", r.fits},
+                          {"attention_bytes_per_sample", r.attention_bytes_per_sample},
+                          {"floor_peak_bytes", r.floor_peak},
+                          {"attention_pruned", r.attention_pruned},
+                          {"same_as", r.same_as.empty() ? nlohmann::json() : nlohmann::json(r.same_as)}};
   };
   nlohmann::json j;
   j["budget_bytes"] = plan.budget;
@@ -710,7 +879,10 @@ std::string plan_to_json(const Plan& plan) {
                          {"points", f.points},
                          {"warmup_forward_s", f.warmup_forward_s},
                          {"slow", f.slow},
-                         {"dominated", f.dominated}});
+                         {"dominated", f.dominated},
+                         {"attention_core", f.attention_core},
+                         {"attention_bytes_per_sample", f.attention_bytes_per_sample},
+                         {"same_as", f.same_as.empty() ? nlohmann::json() : nlohmann::json(f.same_as)}});
   if (plan.chosen >= 0) {
     j["chosen"] = row_json(plan.choice());
     j["set"] = plan_overrides(plan);

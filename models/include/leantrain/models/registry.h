@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "leantrain/models/attention_memory.h"
 #include "leantrain/models/foreign_weights.h"
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/config.h"
@@ -38,6 +39,11 @@ struct ModelKind {
   /// named_parameters() and named_buffers()) in the other library's names, with its config.
   /// Throws lt::ConfigError when these options have no counterpart there.
   std::function<ExportedWeights(const Options&, const NamedTensors&)> export_weights;
+  /// Optional (attention_memory.h): the [B,H,T,T] bytes per sample the model's attention cores
+  /// hold in a training step on a device, with activations of a dtype, under a recompute
+  /// policy — the planner's analytic attention term. Empty: the kind has no attention (0).
+  std::function<AttentionMemory(const Options&, const c10::Device&, c10::ScalarType, const RecomputePolicy&)>
+      attention_memory;
 };
 
 /// Adds a kind. Throws std::invalid_argument if the name is empty or taken, or contract or
@@ -58,6 +64,10 @@ ModelSection resolve_model(const ModelSection& section);
 /// The contract and the model of a section (resolved first).
 InputContract model_contract(const ModelSection& section);
 std::shared_ptr<Model> build_model(const ModelSection& section);
+/// The kind's attention term (ModelKind::attention_memory) for a resolved section; a default
+/// AttentionMemory (no attention, 0 bytes) for a kind without one.
+AttentionMemory attention_memory(const ModelSection& section, const c10::Device& device, c10::ScalarType dtype,
+                                 const RecomputePolicy& policy);
 
 /// The built-in kinds' struct from a resolved section of one of them, and back (the options
 /// of cfg.kind's table). For tests and tools that speak ModelConfig.

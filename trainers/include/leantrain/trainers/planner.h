@@ -48,6 +48,17 @@ struct PlanRow {
   double measured_sps = -1;      // samples/s of a whole step (accumulation micro-steps + update)
   double predicted_sps = -1;
   bool fits = false;             // measured, and both peaks <= limit
+  // The analytic attention term of the row's (precision, policy) (models/attention_memory.h):
+  // the [B,H,T,T] bytes per sample its attention cores keep for backward (0 under a fused
+  // SDPA kernel or without attention), and the lower bound it gives the peak, fixed part +
+  // (term + one layer's transient) x micro_batch (-1 without a term). Note [Attention floor]
+  // in planner.cpp.
+  int64_t attention_bytes_per_sample = 0;
+  int64_t floor_peak = -1;
+  bool attention_pruned = false;  // not probed: floor_peak is over the limit
+  // "none": not probed, because under a fused SDPA kernel `selective` keeps exactly what
+  // `none` keeps; its predictions are none's (Note [Selective under a fused kernel]).
+  std::string same_as;
 };
 
 /// The fitted models of one (precision, policy).
@@ -65,6 +76,11 @@ struct PlanFit {
   // checkpointing policy at the same micro-batch only adds recomputation (Note
   // [Recomputation is dominated]).
   bool dominated = false;
+  // The attention core that runs ("plain", "sdpa: flash attention", ...; empty without
+  // attention) and its analytic term, bytes per sample (PlanRow::attention_bytes_per_sample).
+  std::string attention_core;
+  int64_t attention_bytes_per_sample = 0;
+  std::string same_as;  // "none": this pair was not probed, it is none's (PlanRow::same_as)
 };
 
 struct Plan {
