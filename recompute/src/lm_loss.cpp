@@ -48,7 +48,14 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     // or sequence): its one product, in the matmul dtype, is grad_weight, as in the plain path
     // (an fp32 sum would only add a [V, D] fp32 tensor to the peak).
     const bool one_chunk = m <= chunk;
-    auto grad_w = one_chunk ? torch::Tensor() : torch::zeros(w.sizes(), w.options().dtype(torch::kFloat));
+    // Chunks of equal size: 1024 rows at a 333-row limit run as 4 x 256, not 3 x 333 + 25 (a
+    // tail chunk streams the whole [V, D] weight twice for a few rows).
+    if (!one_chunk) {
+      const int64_t n = (m + chunk - 1) / chunk;
+      chunk = (m + n - 1) / n;
+    }
+    // grad_weight's fp32 sum: written by the first chunk's product, so never zero-filled.
+    auto grad_w = one_chunk ? torch::Tensor() : torch::empty(w.sizes(), w.options().dtype(torch::kFloat));
     auto grad_b = has_bias ? torch::zeros(b.sizes(), b.options().dtype(torch::kFloat)) : torch::Tensor();
     auto grad_hv = torch::empty({m, h.size(1)}, h.options().dtype(compute));
     auto total = torch::zeros({}, h.options().dtype(torch::kFloat));
@@ -63,24 +70,34 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
         const int64_t len = std::min(chunk, m - s);
         const auto x = xc.narrow(0, s, len);
         const auto t = tv.narrow(0, s, len).unsqueeze(1);
-        auto logits = (bc.defined() ? at::linear(x, wc, bc) : at::linear(x, wc)).to(torch::kFloat);
-        const auto lse = logits.logsumexp(1, /*keepdim=*/true);
-        total.add_((lse - logits.gather(1, t)).sum());
+        // One fused log-softmax (the kernel cross-entropy runs) instead of logsumexp's passes
+        // and a subtraction: the chunk's losses are -log p[target].
+        auto logp = at::_log_softmax((bc.defined() ? at::linear(x, wc, bc) : at::linear(x, wc)).to(torch::kFloat), 1,
+                                     /*half_to_float=*/false);
+        total.sub_(logp.gather(1, t).sum());
         // d(sum of the chunk's losses)/d logits = softmax - onehot; then / count (the mean).
-        logits.sub_(lse).exp_();
-        logits.scatter_add_(1, t, torch::full({len, 1}, -1.0f, logits.options()));
-        logits.mul_(inv_count);
-        const auto g = logits.to(compute);
-        logits = torch::Tensor();
-        grad_hv.narrow(0, s, len).copy_(at::mm(g, wc));
+        logp.exp_();
+        logp.scatter_add_(1, t, torch::full({len, 1}, -1.0f, logp.options()));
+        logp.mul_(inv_count);
+        const auto g = logp.to(compute);
+        logp = torch::Tensor();
+        auto gh = grad_hv.narrow(0, s, len);
+        at::mm_out(gh, g, wc);
         if (one_chunk) {
           grad_w = at::mm(g.t(), x);
+        } else if (compute == torch::kFloat) {
+          // fp32: the product accumulates inside the GEMM (beta = 1): no transient, no extra pass.
+          if (s == 0) at::mm_out(grad_w, g.t(), x);
+          else grad_w.addmm_(g.t(), x);
         } else {
-          // grad_weight += g^T x in blocks of vocabulary rows: the product's transient is one
-          // block (~4M elements), not [V, D].
+          // bf16: grad_weight += g^T x in blocks of vocabulary rows (the GEMM cannot add its
+          // bf16 product into fp32): the product's transient is one block (~4M elements), not [V, D].
           for (int64_t v0 = 0; v0 < vocab; v0 += vblock) {
             const int64_t vb = std::min(vblock, vocab - v0);
-            grad_w.narrow(0, v0, vb).add_(at::mm(g.narrow(1, v0, vb).t(), x));
+            auto blk = grad_w.narrow(0, v0, vb);
+            const auto prod = at::mm(g.narrow(1, v0, vb).t(), x);
+            if (s == 0) blk.copy_(prod);
+            else blk.add_(prod);
           }
         }
         if (grad_b.defined()) grad_b.add_(g.sum(0, /*keepdim=*/false, torch::kFloat));
