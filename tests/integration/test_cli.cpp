@@ -51,6 +51,12 @@ TEST_F(Cli, NegativeSizeExitsTwo) {
 TEST_F(Cli, LinearLrScalingFollowsTheGlobalBatch) {
   const std::string cfg = tiny_gpt_config(0.0, 4);
   ASSERT_EQ(run("train --config " + cfg + " --set train.global_batch=32 --out " + (dir_ / "plain").string()).code, 0);
+  // Note [What ran]: config.json names the attention kernel LibTorch picked (GPT, dropout 0:
+  // the CPU's flash kernel), and the device.
+  const auto ran = nlohmann::json::parse(slurp(dir_ / "plain" / "config.json"));
+  EXPECT_EQ(ran["runtime"]["device"], "cpu");
+  EXPECT_NE(ran["runtime"]["compute"].get<std::string>().find("attention sdpa: flash attention"), std::string::npos)
+      << ran.dump();
   auto r = run("train --config " + cfg + " --set train.global_batch=32 --set train.lr_scaling=linear" +
                " --set train.lr_reference_batch=16 --out " + (dir_ / "scaled").string());
   ASSERT_EQ(r.code, 0) << r.err;

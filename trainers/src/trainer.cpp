@@ -11,6 +11,8 @@
 #include <map>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "leantrain/data/data.h"
 #include "leantrain/data/registry.h"
 #include "leantrain/recompute/recompute.h"
@@ -252,6 +254,18 @@ void Trainer::start_from(const StartOptions& start) {
   log::info(how);
 }
 
+namespace {
+
+// Model::compute_note at the run's device and precision.
+std::string compute_note(const Config& cfg, const models::Model& model, const c10::Device& device) {
+  const auto dtype = cfg.precision.mode == "bf16" ? c10::kBFloat16
+                     : cfg.precision.mode == "fp16" ? c10::kHalf
+                                                    : c10::kFloat;
+  return model.compute_note(device, dtype);
+}
+
+}  // namespace
+
 // config.json, metrics.jsonl (a resumed run appends to the metrics of the run it continues)
 // and the checkpoint writer, whose completion events come from its own thread (MetricsWriter
 // is thread-safe).
@@ -259,7 +273,12 @@ void Trainer::open_outputs() {
   const bool files = !opt_.out_dir.empty();
   if (files && rank_ == 0) {
     files::make_dirs(opt_.out_dir);
-    files::write_atomic(files::join(opt_.out_dir, "config.json"), config_to_json(cfg_) + "\n");
+    // Note [What ran]: the resolved config, plus what the runtime chose for it on this machine
+    // (GPT/BERT: the attention kernel LibTorch picks), under "runtime" (read by people and
+    // tools; a config file has no such section).
+    auto j = nlohmann::json::parse(config_to_json(cfg_));
+    j["runtime"] = {{"device", device_.str()}, {"compute", compute_note(cfg_, *parts_.model, device_)}};
+    files::write_atomic(files::join(opt_.out_dir, "config.json"), j.dump(2) + "\n");
   }
   metrics_ = std::make_unique<MetricsWriter>(files ? files::join(opt_.out_dir, "metrics.jsonl") : std::string(),
                                              files && rank_ == 0, !resumed_from_.empty());
@@ -282,10 +301,7 @@ void Trainer::log_start() const {
   log::info(parts_.name + ": " + std::to_string(models::count_parameters(*parts_.model)) +
             " parameters; " + parts_.train->describe());
   // The kernels the model runs here (GPT/BERT: the attention LibTorch picks), once.
-  const auto dtype = cfg_.precision.mode == "bf16" ? c10::kBFloat16
-                     : cfg_.precision.mode == "fp16" ? c10::kHalf
-                                                     : c10::kFloat;
-  const std::string note = parts_.model->compute_note(device_, dtype);
+  const std::string note = compute_note(cfg_, *parts_.model, device_);
   if (!note.empty()) log::info(parts_.name + ": " + note);
   log::info("device " + ctx_.device_string() + ", " + std::to_string(ctx_.threads) + " threads, world " +
             std::to_string(world_) + ", precision " + cfg_.precision.mode + "; global batch " +
