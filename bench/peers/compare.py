@@ -152,6 +152,7 @@ SCALES: Dict[str, dict] = {
                            "resnet50": {"train.global_batch": 128, "train.micro_batch": 64}},
         "repeats_default": 1,
         "doc_marker": "real-gpu",
+        "mem_key": "peak_mem_bytes",  # the CUDA allocator's peak on both sides, not the host's RSS
         **EVERY_ROW,
         "ranks": [1],
         "ckpt": ["--model", "gpt2_small", "--rounds", "3"],
@@ -459,13 +460,15 @@ class Bench:
                     self.run_peer(row, out, config_json, init)
                 res[side].append(self.steps(out))
                 usage[side].append(self.last_usage)
-        s = self.summarise(row, res)
+        s = self.summarise(row, res, self.scale.get("mem_key", "peak_rss_bytes"))
         for side in usage:
             s[side]["usage"] = usage[side]
         return s
 
     @staticmethod
-    def summarise(row: dict, res: dict) -> dict:
+    def summarise(row: dict, res: dict, mem_key: str = "peak_rss_bytes") -> dict:
+        """mem_key: the step events' memory field compared (the real-gpu scale: peak_mem_bytes,
+        reported under peak_rss_bytes so the table and results.jsonl keep one shape)."""
         s = {"row": row}
         for side, runs in res.items():
             # samples/s over the timed steps (the first step of each run is warm-up: lazy
@@ -481,7 +484,7 @@ class Bench:
                 secs += sum(e["step_time_s"] - e.get("data_time_s", 0.0) for e in timed)
             s[side] = {
                 "samples_per_s": samples / secs,
-                "peak_rss_bytes": max(max(e.get("peak_rss_bytes") or 0 for e in steps) for steps in runs),
+                "peak_rss_bytes": max(max(e.get(mem_key) or 0 for e in steps) for steps in runs),
                 "final_loss": runs[0][-1]["loss"],
                 "final_loss_runs": [steps[-1]["loss"] for steps in runs],
                 "losses": [e["loss"] for e in runs[0]],
