@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_args.h"
 #include "leantrain/comm/communicator.h"
 #include "leantrain/models/model.h"
 #include "leantrain/models/registry.h"
@@ -107,40 +108,23 @@ Row measure(const Options& o, const std::string& attention, const std::string& p
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::cout << "usage: leantrain_bench_attention [--layers 12] [--seq 1024] [--micro 4] [--precision bf16|fp32]\n"
-                   "       [--dropout 0] [--budget auto|BYTES] [--no-full] [--out FILE.md]\n";
-      return 0;
-    }
-    if (k == "--no-full") {
-      o.full = false;
-      --i;
-      continue;
-    }
-    if (i + 1 == argc) {
-      std::cerr << "option " << k << " needs a value (--help lists them)\n";
-      return 2;
-    }
-    const std::string v = argv[i + 1];
-    try {
-      if (k == "--layers") o.layers = std::stoi(v);
-      else if (k == "--seq") o.seq = std::stoi(v);
-      else if (k == "--micro") o.micro = std::stoi(v);
-      else if (k == "--dropout") o.dropout = std::stod(v);
-      else if (k == "--precision") o.precision = v;
-      else if (k == "--budget") o.budget = v;
-      else if (k == "--out") o.out = v;
-      else {
-        std::cerr << "unknown option " << k << " (--help lists them)\n";
-        return 2;
-      }
-    } catch (const std::exception&) {
-      std::cerr << k << " " << v << ": not a number\n";
-      return 2;
-    }
-  }
+  const int code = lt_bench::parse_args(
+      argc, argv,
+      "usage: leantrain_bench_attention [--layers 12] [--seq 1024] [--micro 4] [--precision bf16|fp32]\n"
+      "       [--dropout 0] [--budget auto|BYTES] [--no-full] [--out FILE.md]\n",
+      {"--no-full"}, [&o](const std::string& k, const std::string& v) {
+        if (k == "--no-full") o.full = false;
+        else if (k == "--layers") o.layers = std::stoi(v);
+        else if (k == "--seq") o.seq = std::stoi(v);
+        else if (k == "--micro") o.micro = std::stoi(v);
+        else if (k == "--dropout") o.dropout = std::stod(v);
+        else if (k == "--precision") o.precision = v;
+        else if (k == "--budget") o.budget = v;
+        else if (k == "--out") o.out = v;
+        else return false;
+        return true;
+      });
+  if (code >= 0) return code;
   torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   lt::keep_freed_memory_for_reuse();
   lt::MemoryMeter::install_cpu_tracking();

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "leantrain/comm/communicator.h"
 #include "leantrain/models/model.h"
 #include "leantrain/models/registry.h"
@@ -100,39 +101,26 @@ Row measure(const lt::models::ModelConfig& model_cfg, const std::string& precisi
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::cout << "usage: leantrain_bench_memory [--model gpt|resnet50|all] [--precisions fp32,bf16]\n"
-                   "       [--policies none,selective,full] [--steps N] [--micro N] [--seq N] [--layers N]\n"
-                   "       [--image N] [--memory-format channels_last|contiguous (ResNet)] [--out FILE.md]\n";
-      return 0;
-    }
-    if (i + 1 == argc) {
-      std::cerr << "option " << k << " needs a value (--help lists them)\n";
-      return 2;
-    }
-    const std::string v = argv[i + 1];
-    try {
-      if (k == "--model") o.model = v;
-      else if (k == "--steps") o.steps = std::stoi(v);
-      else if (k == "--micro") o.micro = std::stoi(v);
-      else if (k == "--seq") o.seq = std::stoi(v);
-      else if (k == "--layers") o.layers = std::stoi(v);
-      else if (k == "--image") o.image = std::stoi(v);
-      else if (k == "--out") o.out = v;
-      else if (k == "--memory-format") o.memory_format = v;
-      else if (k == "--precisions") o.precisions = split(v);
-      else if (k == "--policies") o.policies = split(v);
-      else {
-        std::cerr << "unknown option " << k << " (--help lists them)\n";
-        return 2;
-      }
-    } catch (const std::exception&) {
-      std::cerr << k << " " << v << ": not a number\n";
-      return 2;
-    }
-  }
+  const int code = lt_bench::parse_args(
+      argc, argv,
+      "usage: leantrain_bench_memory [--model gpt|resnet50|all] [--precisions fp32,bf16]\n"
+      "       [--policies none,selective,full] [--steps N] [--micro N] [--seq N] [--layers N]\n"
+      "       [--image N] [--memory-format channels_last|contiguous (ResNet)] [--out FILE.md]\n",
+      {}, [&o](const std::string& k, const std::string& v) {
+        if (k == "--model") o.model = v;
+        else if (k == "--steps") o.steps = std::stoi(v);
+        else if (k == "--micro") o.micro = std::stoi(v);
+        else if (k == "--seq") o.seq = std::stoi(v);
+        else if (k == "--layers") o.layers = std::stoi(v);
+        else if (k == "--image") o.image = std::stoi(v);
+        else if (k == "--out") o.out = v;
+        else if (k == "--memory-format") o.memory_format = v;
+        else if (k == "--precisions") o.precisions = split(v);
+        else if (k == "--policies") o.policies = split(v);
+        else return false;
+        return true;
+      });
+  if (code >= 0) return code;
   torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   lt::keep_freed_memory_for_reuse();
   lt::MemoryMeter::install_cpu_tracking();

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_args.h"
 #include "leantrain/comm/communicator.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/runtime_context.h"
@@ -75,37 +76,21 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   int warmup = 1, steps = 2, top = 25;
   bool shapes = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::cout << "usage: leantrain_bench_profile --config FILE [--set key=value ...] [--warmup 1] [--steps 2] "
-                   "[--top 25] [--shapes]\n";
-      return 0;
-    }
-    if (k == "--shapes") {
-      shapes = true;
-      continue;
-    }
-    if (i + 1 == argc) {
-      std::cerr << "option " << k << " needs a value (--help lists them)\n";
-      return 2;
-    }
-    const std::string v = argv[++i];
-    try {
-      if (k == "--config") config = v;
-      else if (k == "--set") sets.push_back(v);
-      else if (k == "--warmup") warmup = std::stoi(v);
-      else if (k == "--steps") steps = std::stoi(v);
-      else if (k == "--top") top = std::stoi(v);
-      else {
-        std::cerr << "unknown option " << k << " (--help lists them)\n";
-        return 2;
-      }
-    } catch (const std::exception&) {
-      std::cerr << k << " " << v << ": not a number\n";
-      return 2;
-    }
-  }
+  const int code = lt_bench::parse_args(
+      argc, argv,
+      "usage: leantrain_bench_profile --config FILE [--set key=value ...] [--warmup 1] [--steps 2] [--top 25] "
+      "[--shapes]\n",
+      {"--shapes"}, [&](const std::string& k, const std::string& v) {
+        if (k == "--shapes") shapes = true;
+        else if (k == "--config") config = v;
+        else if (k == "--set") sets.push_back(v);
+        else if (k == "--warmup") warmup = std::stoi(v);
+        else if (k == "--steps") steps = std::stoi(v);
+        else if (k == "--top") top = std::stoi(v);
+        else return false;
+        return true;
+      });
+  if (code >= 0) return code;
   if (config.empty() || warmup < 0 || steps < 1) {
     std::cerr << "--config is required; --warmup >= 0, --steps >= 1\n";
     return 2;
