@@ -53,6 +53,9 @@ TEST(AttentionTerm, PlainKeepsLayersTimesHeadsTimesSeqSquaredTimesItsBytes) {
   EXPECT_EQ(none.kept_layers, 2);
   EXPECT_EQ(none.bytes_per_sample, 2 * kScores * 4);
   EXPECT_EQ(none.bytes_per_sample, 33554432);
+  // The floor adds one layer's two transient [H,T,T] tensors (Note [Attention memory term]).
+  EXPECT_EQ(none.transient_bytes_per_score, 8.0);
+  EXPECT_EQ(none.floor_bytes_per_sample, 2 * kScores * 4 + 2 * kScores * 4);
   // bf16 autocast on the CPU: softmax stays bf16.
   EXPECT_EQ(term(c, c10::kBFloat16, "none").bytes_per_sample, 2 * kScores * 2);
   // Recompute policies: one layer's rerun at a time.
@@ -82,6 +85,7 @@ TEST(AttentionTerm, FusedSdpaHasNoneAndItsSelectiveIsNone) {
       EXPECT_TRUE(m.selective_is_none) << policy;
       EXPECT_EQ(m.core, "sdpa: flash attention") << policy;
       EXPECT_EQ(m.bytes_per_sample, 0) << policy;
+      EXPECT_EQ(m.floor_bytes_per_sample, 0) << policy;
     }
   auto b = gpt("sdpa");
   b.kind = "bert";

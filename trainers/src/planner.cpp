@@ -635,8 +635,9 @@ void plan_pair(Planner& s, const std::string& precision, const std::string& poli
                       (any_oom ? "the candidates that did not run out of memory" : "every candidate") +
                       " over the limit (" + floor_row->precision + "/" + floor_row->policy + " at micro-batch " +
                       std::to_string(floor_row->micro_batch) + " needs at least " + bytes_text(smallest_floor) +
-                      ": the fixed part + " + models::describe(am) +
-                      "); use model.attention = \"sdpa\" with model.dropout = 0 (a fused kernel keeps none of "
+                      ": the fixed part + " + format_bytes(am.floor_bytes_per_sample) +
+                      " a sample of [B,H,T,T] tensors, " + models::describe(am) +
+                      " and two of one layer's for a moment); use model.attention = \"sdpa\" with model.dropout = 0 (a fused kernel keeps none of "
                       "them), a shorter model.seq_len, or give --memory-budget at least " +
                       std::to_string(at_least) + " bytes");
   }
