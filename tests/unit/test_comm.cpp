@@ -65,6 +65,49 @@ TEST(GradientSync, OneAllReducePerBucketAndValuesKept) {
   for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i].grad(), before[i]));
 }
 
+// Note [Gradients in the parameter's layout]: a channels-last convolution weight's gradient
+// stays channels-last through the buckets (its alias has the parameter's strides), so a fused
+// optimizer, which walks parameter and gradient in memory order, updates each weight with its
+// own gradient. Before: the alias was row-major and at::_fused_sgd_ mixed the weights up.
+TEST(GradientSync, ChannelsLastGradientsKeepTheirLayout) {
+  torch::manual_seed(0);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3).padding(1));
+  torch::nn::Linear head(8, 4);
+  {
+    torch::NoGradGuard no_grad;
+    conv->weight.set_data(conv->weight.contiguous(torch::MemoryFormat::ChannelsLast));
+  }
+  auto params = conv->parameters();
+  for (auto& p : head->parameters()) params.push_back(p);
+  ASSERT_FALSE(params[0].is_contiguous());  // the weight is channels-last
+  auto x = torch::randn({2, 3, 5, 5}).contiguous(torch::MemoryFormat::ChannelsLast);
+  head->forward(conv->forward(x).mean({2, 3})).pow(2).sum().backward();
+  std::vector<torch::Tensor> before;
+  for (auto& p : params) before.push_back(p.grad().clone(torch::MemoryFormat::Preserve));
+  lt::comm::GradientSync sync(params, 16.0 / 1024, 32.0 / 1024);
+  lt::comm::LocalCommunicator comm;
+  sync.all_reduce(comm);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params[i].grad(), before[i])) << i;
+    EXPECT_EQ(params[i].grad().strides(), params[i].strides()) << i;
+  }
+  // The fused SGD step with the synced gradients equals the step with autograd's own.
+  auto step = [](const std::vector<torch::Tensor>& ps, const std::vector<torch::Tensor>& gs) {
+    std::vector<torch::Tensor> out, grads, bufs;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      out.push_back(ps[i].detach().clone(torch::MemoryFormat::Preserve));
+      grads.push_back(gs[i]);
+      bufs.push_back(torch::zeros_like(ps[i], torch::MemoryFormat::Preserve));
+    }
+    at::_fused_sgd_(out, grads, bufs, 0.0, 0.9, 0.1, 0.0, false, false, true);
+    return out;
+  };
+  std::vector<torch::Tensor> synced;
+  for (auto& p : params) synced.push_back(p.grad());
+  const auto a = step(params, synced), b = step(params, before);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+}
+
 // A world of one whose "sum" doubles the tensor (two identical ranks), completed only in
 // wait() or after a few test() calls, like a real collective in flight. It records, for each
 // all-reduce, its size, what it was handed to sum (a copy, taken at the call) and how many of
