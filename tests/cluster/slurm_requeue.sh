@@ -14,7 +14,8 @@ on_exit "'$SLURM' down"
 say "Slurm up in $(elapsed "$t") s"
 export OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=eth0
 
-STEPS=${REQUEUE_STEPS:-1200}  # long enough that the poll below (0.1 s) catches it mid-run on a loaded machine
+STEPS=${REQUEUE_STEPS:-4000}  # long enough that the poll below (0.1 s + a python start) catches it mid-run: on a
+# quiet machine 1200 steps of this MLP took 2.9 s, and once a poll first saw the run at its end
 t=$(date +%s.%N)
 train_args "$WORK/run" 16
 job=$(LEANTRAIN=$BIN OUT=$WORK/run "$SLURM" run sbatch --parsable -N2 --ntasks-per-node=1 \
