@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench_args.h"
+#include "bench_common.h"
 #include "leantrain/comm/communicator.h"
 #include "leantrain/models/model.h"
 #include "leantrain/models/registry.h"
@@ -53,14 +53,7 @@ struct Row {
 
 // One training step of GPT with this attention core and recompute policy; budget 0 = none.
 Row measure(const Options& o, const std::string& attention, const std::string& policy, int64_t budget) {
-  lt::models::ModelConfig g;
-  g.kind = "gpt";
-  g.vocab_size = 50257;
-  g.seq_len = o.seq;
-  g.n_layer = o.layers;
-  g.n_head = 12;
-  g.d_model = 768;
-  g.dropout = o.dropout;
+  lt::models::ModelConfig g = lt_bench::gpt2_shape(o.layers, o.seq, o.dropout);
   g.attention = attention;
   lt::Config cfg;
   cfg.model = lt::models::builtin_model_section(g);
@@ -125,9 +118,7 @@ int main(int argc, char** argv) {
         return true;
       });
   if (code >= 0) return code;
-  torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  lt::keep_freed_memory_for_reuse();
-  lt::MemoryMeter::install_cpu_tracking();
+  lt_bench::measure_cpu_memory();
   std::fprintf(stderr, "GPT-%dL d768, seq %d, micro-batch %d, %s, dropout %g\n", o.layers, o.seq, o.micro,
                o.precision.c_str(), o.dropout);
   const Row sdpa_none = measure(o, "sdpa", "none", 0), plain_none = measure(o, "plain", "none", 0);

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_args.h"
+#include "bench_common.h"
 #include "leantrain/comm/communicator.h"
 #include "leantrain/models/model.h"
 #include "leantrain/models/registry.h"
@@ -121,20 +121,10 @@ int main(int argc, char** argv) {
         return true;
       });
   if (code >= 0) return code;
-  torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  lt::keep_freed_memory_for_reuse();
-  lt::MemoryMeter::install_cpu_tracking();
+  lt_bench::measure_cpu_memory();
   std::vector<lt::models::ModelConfig> models;
   if (o.model == "gpt" || o.model == "all") {
-    lt::models::ModelConfig g;
-    g.kind = "gpt";
-    g.vocab_size = 50257;
-    g.seq_len = o.seq;
-    g.n_layer = o.layers;
-    g.n_head = 12;
-    g.d_model = 768;
-    g.dropout = 0.1;
-    models.push_back(g);
+    models.push_back(lt_bench::gpt2_shape(o.layers, o.seq, 0.1));
   }
   if (o.model == "resnet50" || o.model == "all") {
     lt::models::ModelConfig r;

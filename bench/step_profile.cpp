@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench_args.h"
+#include "bench_common.h"
 #include "leantrain/comm/communicator.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/runtime_context.h"

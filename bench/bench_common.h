@@ -1,11 +1,20 @@
-// The command line of the C++ benchmarks: `--key value` pairs and value-less `--flag`s.
+// What the C++ benchmarks share: their command line (`--key value` pairs and value-less
+// `--flag`s), the CPU memory tracking they measure under, and GPT-2 small's shape.
 #pragma once
 
+#include <torch/torch.h>
+
+#include <algorithm>
 #include <exception>
 #include <functional>
 #include <iostream>
 #include <set>
 #include <string>
+#include <thread>
+
+#include "leantrain/models/model_config.h"
+#include "leantrain/runtime/memory_meter.h"
+#include "leantrain/runtime/runtime_context.h"
 
 namespace lt_bench {
 
@@ -38,6 +47,27 @@ inline int parse_args(int argc, char** argv, const char* usage, const std::set<s
     }
   }
   return -1;
+}
+
+/// Every core, freed memory kept for reuse (steady step times), and the tracking allocator
+/// counting every CPU allocation (MemoryMeter): the setting the memory benchmarks measure in.
+inline void measure_cpu_memory() {
+  torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  lt::keep_freed_memory_for_reuse();
+  lt::MemoryMeter::install_cpu_tracking();
+}
+
+/// GPT-2 small's shape (d 768, 12 heads, vocab 50257) with `layers` blocks at `seq` tokens.
+inline lt::models::ModelConfig gpt2_shape(int layers, int seq, double dropout) {
+  lt::models::ModelConfig g;
+  g.kind = "gpt";
+  g.vocab_size = 50257;
+  g.seq_len = seq;
+  g.n_layer = layers;
+  g.n_head = 12;
+  g.d_model = 768;
+  g.dropout = dropout;
+  return g;
 }
 
 }  // namespace lt_bench
