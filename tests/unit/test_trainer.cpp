@@ -224,7 +224,13 @@ TEST(TrainerStep, PlannerProbeAllocatesTheSamePeakAsTheTrainingStep) {
     const auto r = trainer.train_step(s);
     if (s > 0) peak = std::max(peak, r.peak_bytes);  // after the warm-up, as the probe measures
   }
-  EXPECT_EQ(peak, row->measured_peak) << "micro-batch " << row->micro_batch;
+  // Equal up to the prefetcher: it builds the next micro-batches (at most 2 pending) on its own
+  // thread, and whether they are allocated before or after the step's peak is the scheduler's
+  // choice (a loaded CI machine once showed the 512 bytes of one batch: 1 x 32 tokens, inputs
+  // and targets, int64). Everything else is the same step, to the byte.
+  const int64_t batch_bytes = row->micro_batch * 32 * 2 * int64_t{sizeof(int64_t)};  // tiny_gpt: seq_len 32
+  EXPECT_LE(std::abs(peak - row->measured_peak), 2 * batch_bytes)
+      << "micro-batch " << row->micro_batch << ": trainer " << peak << " B, probe " << row->measured_peak << " B";
 }
 
 // The background checkpoint writer reports its events from its own thread while the training
