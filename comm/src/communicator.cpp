@@ -1,10 +1,38 @@
 #include "leantrain/comm/communicator.h"
 
+#include <stdexcept>
+
 #include "leantrain/comm/mpi_communicator.h"
 #include "leantrain/comm/nccl_communicator.h"
 #include "leantrain/runtime/errors.h"
 
 namespace lt::comm {
+
+torch::Tensor shard_chunk(const torch::Tensor& t, int rank, int world) {
+  if (world <= 0 || t.numel() % world != 0)
+    throw std::invalid_argument("shard_chunk: " + std::to_string(t.numel()) + " elements do not split into " +
+                                std::to_string(world) + " equal chunks (Note [Shard chunks])");
+  const int64_t c = t.numel() / world;
+  return t.reshape({-1}).narrow(0, rank * c, c);
+}
+
+std::unique_ptr<Work> Communicator::reduce_scatter_sum_async(torch::Tensor t) {
+  (void)shard_chunk(t, rank(), size());  // the contract's check
+  ++stats_.reduce_scatter_calls;
+  stats_.reduce_scatter_bytes += static_cast<int64_t>(t.nbytes());
+  allreduce_sum(t);
+  return std::make_unique<CompletedWork>();
+}
+
+std::unique_ptr<Work> Communicator::allgather_async(torch::Tensor t) {
+  auto mine = shard_chunk(t, rank(), size());
+  ++stats_.allgather_calls;
+  stats_.allgather_bytes += static_cast<int64_t>(t.nbytes());
+  const auto parts = allgather(mine.clone());
+  for (int r = 0; r < size(); ++r)
+    if (r != rank()) shard_chunk(t, r, size()).copy_(parts[static_cast<size_t>(r)]);
+  return std::make_unique<CompletedWork>();
+}
 
 std::string choose_backend(const std::string& backend, int world, bool on_cuda, bool nccl_available) {
   if (backend == "local") {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "leantrain/comm/buckets.h"
+#include "leantrain/runtime/errors.h"
 
 namespace lt::comm {
 namespace {
@@ -86,14 +87,72 @@ torch::Tensor alias(const torch::Tensor& slot, const torch::Tensor& p) {
   return t;
 }
 
+}  // namespace
+
+// Note [Sharded model state]
+// memory.shard = optimizer | gradients is ZeRO stage 1 / 2 (DeepSpeed; llm.c ships stage 1) on
+// the same buckets as the all-reduce. Each bucket is padded to a multiple of the world size
+// and split into equal chunks (Note [Shard chunks]); rank r owns chunk r of every bucket: it
+// keeps the optimizer state of those elements only and updates only them (ShardPiece: the
+// runs of parameters a chunk covers, cut wherever a chunk boundary falls inside a parameter).
+// Per step:
+//  - optimizer (stage 1): backward accumulates into the full persistent buckets as with
+//    kNone; the step's one collective per bucket is a reduce-scatter instead of an all-reduce
+//    (started from the same gradient-ready hooks, in bucket order), leaving the sum in this
+//    rank's chunk. After the update, allgather_params() packs this rank's updated elements
+//    into its chunk of the same bucket buffer (its gradients are spent) and all-gathers it in
+//    place: every rank then copies the bucket into its parameters. Reduce-scatter plus
+//    all-gather move the bytes of one all-reduce (the ring all-reduce is these two phases).
+//  - gradients (stage 2): every micro-batch's backward sends each bucket as soon as it is
+//    ready: packed into a transient buffer, the parameters' gradients freed at once,
+//    reduce-scattered, and this rank's chunk added into a persistent chunk accumulator
+//    (DeepSpeed's stage 2 reduces per micro-batch likewise). A rank then holds 1/N of the
+//    gradients between backwards plus the buckets in flight, instead of all of them; the price
+//    is one reduce-scatter per bucket per micro-batch: with accumulation A a step moves
+//    A reduce-scatters + 1 all-gather, the all-reduce's bytes only at A = 1. The all-gather
+//    uses a transient bucket buffer, at most two buckets in flight.
+// The global gradient norm (clipping, the inf check) is the square root of the all-reduced
+// sum of each rank's squared chunk norms: each element is in exactly one chunk, the padding
+// in none (trainers/src/precision.cpp). Padding is zero and never read.
+torch::Tensor memory_order_view(const torch::Tensor& t) {
+  if (!t.is_non_overlapping_and_dense())
+    throw std::invalid_argument("memory_order_view: the tensor is not dense (sizes " + c10::str(t.sizes()) +
+                                ", strides " + c10::str(t.strides()) + ")");
+  return t.detach().as_strided({t.numel()}, {1}, t.storage_offset());
+}
+
+ShardStage parse_shard_stage(const std::string& s) {
+  if (s == "none") return ShardStage::kNone;
+  if (s == "optimizer") return ShardStage::kOptimizer;
+  if (s == "gradients") return ShardStage::kGradients;
+  throw ConfigError("memory.shard = '" + s + "' is not one of none, optimizer (ZeRO-1: optimizer state sharded), "
+                    "gradients (ZeRO-2: gradients and optimizer state sharded)");
+}
+
+std::string to_string(ShardStage s) {
+  switch (s) {
+    case ShardStage::kOptimizer: return "optimizer";
+    case ShardStage::kGradients: return "gradients";
+    default: return "none";
+  }
+}
+
+namespace {
+
 using Clock = std::chrono::steady_clock;
 double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 }  // namespace
 
 GradientSync::GradientSync(const std::vector<torch::Tensor>& params, double first_bucket_mb, double bucket_mb,
-                           bool overlap)
-    : overlap_(overlap) {
+                           bool overlap, ShardStage stage, int world, int rank)
+    : overlap_(overlap), stage_(stage), world_(world), rank_(rank) {
+  if (stage_ != ShardStage::kNone)
+    for (const auto& p : params)
+      if (!p.is_non_overlapping_and_dense())
+        throw ConfigError("memory.shard = '" + to_string(stage_) + "' needs dense parameters (contiguous or "
+                          "channels-last); one has sizes " + c10::str(p.sizes()) + " and strides " +
+                          c10::str(p.strides()) + "; use memory.shard = 'none'");
   // Gradients become final roughly in reverse parameter order during backward.
   params_.assign(params.rbegin(), params.rend());
   std::vector<BucketTensor> sizes;
@@ -111,6 +170,8 @@ GradientSync::GradientSync(const std::vector<torch::Tensor>& params, double firs
       b.offsets.push_back(b.numel);
       b.numel += params_[i].numel();
     }
+    const int64_t w = stage_ == ShardStage::kNone ? 1 : world_;
+    b.padded = (b.numel + w - 1) / w * w;
     b.pending = members.size();
     buckets_.push_back(std::move(b));
   }
@@ -124,16 +185,63 @@ GradientSync::~GradientSync() {
 void GradientSync::allocate_buffers() {
   if (buffer_bytes_ > 0 || buckets_.empty()) return;
   for (auto& b : buckets_) {
-    const auto& first = params_[b.members.front()];
-    b.flat = torch::empty({b.numel}, first.options().requires_grad(false));
-    buffer_bytes_ += static_cast<int64_t>(b.flat.nbytes());
+    const auto opts = params_[b.members.front()].options().requires_grad(false);
+    if (stage_ == ShardStage::kGradients) {
+      b.shard = torch::zeros({b.padded / world_}, opts);
+      buffer_bytes_ += static_cast<int64_t>(b.shard.nbytes());
+    } else {
+      b.flat = stage_ == ShardStage::kNone ? torch::empty({b.numel}, opts) : torch::zeros({b.padded}, opts);
+      buffer_bytes_ += static_cast<int64_t>(b.flat.nbytes());
+    }
   }
+}
+
+std::vector<ShardPiece> GradientSync::shard_pieces() {
+  std::vector<ShardPiece> pieces;
+  if (stage_ == ShardStage::kNone) return pieces;
+  allocate_buffers();
+  for (auto& b : buckets_) {
+    const int64_t c = b.padded / world_, lo = rank_ * c, hi = lo + c;
+    const auto mine = stage_ == ShardStage::kGradients ? b.shard : shard_chunk(b.flat, rank_, world_);
+    for (size_t k = 0; k < b.members.size(); ++k) {
+      const int64_t off = b.offsets[k], n = params_[b.members[k]].numel();
+      const int64_t a = std::max(lo, off), e = std::min(hi, off + n);
+      if (a >= e) continue;
+      pieces.push_back({params_[b.members[k]], a - off, e - a, mine.narrow(0, a - lo, e - a),
+                        static_cast<size_t>(&b - buckets_.data()), a - lo});
+    }
+  }
+  return pieces;
+}
+
+std::vector<torch::Tensor> GradientSync::chunk_buffers(const torch::TensorOptions& opts) const {
+  std::vector<torch::Tensor> out;
+  for (const auto& b : buckets_) out.push_back(torch::zeros({b.padded / world_}, opts));
+  return out;
+}
+
+std::vector<torch::Tensor> GradientSync::gather_chunks(const std::vector<torch::Tensor>& chunks, Communicator& comm,
+                                                       int root) const {
+  std::vector<torch::Tensor> full;
+  if (comm.rank() == root) full.resize(params_.size());
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const auto& b = buckets_[bi];
+    const auto parts = comm.allgather(chunks[bi]);  // N x [chunk]: one bucket at a time
+    if (comm.rank() != root) continue;
+    const auto flat = torch::cat(parts);
+    for (size_t k = 0; k < b.members.size(); ++k)
+      full[b.members[k]] = flat.narrow(0, b.offsets[k], params_[b.members[k]].numel()).clone();
+  }
+  std::reverse(full.begin(), full.end());  // params_ is in reverse order
+  return full;
 }
 
 bool GradientSync::in_buckets(const torch::Tensor& t) const {
   if (!t.defined() || !t.has_storage()) return false;
   for (const auto& b : buckets_)
-    if (b.flat.defined() && t.storage().is_alias_of(b.flat.storage())) return true;
+    if ((b.flat.defined() && t.storage().is_alias_of(b.flat.storage())) ||
+        (b.shard.defined() && t.storage().is_alias_of(b.shard.storage())))
+      return true;
   return false;
 }
 
@@ -150,6 +258,63 @@ void GradientSync::install_hooks() {
 
 void GradientSync::begin_last_backward(Communicator& comm) { begin(comm, overlap_); }
 
+void GradientSync::begin_backward(Communicator& comm, bool last) {
+  if (last || stage_ == ShardStage::kGradients) begin(comm, overlap_);
+}
+
+void GradientSync::end_backward(Communicator& comm) {
+  if (stage_ != ShardStage::kGradients) return;
+  if (!armed_)
+    throw std::logic_error("GradientSync::end_backward without begin_backward (rank " + std::to_string(comm.rank()) +
+                           ")");
+  finish(comm);  // kGradients: accumulates into the chunks and leaves no gradient behind
+  first_in_step_ = false;
+}
+
+void GradientSync::drop_shard_sums() {
+  for (auto& b : buckets_)
+    if (b.shard.defined()) b.shard.zero_();
+  first_in_step_ = true;
+}
+
+void GradientSync::wait_and_accumulate(Bucket& b) {
+  if (!b.flat.defined()) return;  // accumulated already
+  b.work->wait();
+  torch::NoGradGuard no_grad;
+  const auto mine = shard_chunk(b.flat, rank_, world_);
+  if (first_in_step_) b.shard.copy_(mine);
+  else b.shard.add_(mine);
+  b.flat = torch::Tensor();  // the transient bucket
+}
+
+void GradientSync::allgather_params(Communicator& comm) {
+  if (stage_ == ShardStage::kNone) return;
+  torch::NoGradGuard no_grad;
+  // Copies a bucket into its parameters once its all-gather is done.
+  auto unpack = [&](Bucket& b) {
+    b.work->wait();
+    for (size_t k = 0; k < b.members.size(); ++k) {
+      const auto& p = params_[b.members[k]];
+      memory_order_view(p).copy_(b.flat.narrow(0, b.offsets[k], p.numel()));
+    }
+    b.work.reset();
+    if (stage_ == ShardStage::kGradients) b.flat = torch::Tensor();
+  };
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    if (stage_ == ShardStage::kGradients) b.flat = torch::zeros({b.padded}, params_[b.members.front()].options().requires_grad(false));
+    const int64_t c = b.padded / world_, lo = rank_ * c, hi = lo + c;
+    for (size_t k = 0; k < b.members.size(); ++k) {  // this rank's updated elements into its chunk
+      const auto& p = params_[b.members[k]];
+      const int64_t off = b.offsets[k], a = std::max(lo, off), e = std::min(hi, off + p.numel());
+      if (a < e) b.flat.narrow(0, a, e - a).copy_(memory_order_view(p).narrow(0, a - off, e - a));
+    }
+    b.work = comm.allgather_async(b.flat);
+    if (i >= 2) unpack(buckets_[i - 2]);
+  }
+  for (size_t i = buckets_.size() >= 2 ? buckets_.size() - 2 : 0; i < buckets_.size(); ++i) unpack(buckets_[i]);
+}
+
 void GradientSync::begin(Communicator& comm, bool hooks) {
   if (armed_)
     throw std::logic_error("GradientSync::begin_last_backward called twice without finish() (rank " +
@@ -159,7 +324,7 @@ void GradientSync::begin(Communicator& comm, bool hooks) {
   comm_ = &comm;
   armed_ = true;
   in_backward_ = hooks;
-  times_ = GradSyncTimes{};
+  if (first_in_step_ || stage_ != ShardStage::kGradients) times_ = GradSyncTimes{};  // kGradients: summed over the step
 }
 
 void GradientSync::mark_ready(size_t param) {
@@ -181,23 +346,32 @@ void GradientSync::mark_ready(size_t param) {
 void GradientSync::start_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& b = buckets_[next_bucket_];
+    const bool transient = stage_ == ShardStage::kGradients;
+    if (transient) {
+      b.flat = torch::empty({b.padded}, params_[b.members.front()].options().requires_grad(false));
+      b.flat.narrow(0, b.numel, b.padded - b.numel).zero_();
+    }
     for (size_t k = 0; k < b.members.size(); ++k) {
-      const auto& p = params_[b.members[k]];
+      auto& p = params_[b.members[k]];
       auto slot = b.flat.narrow(0, b.offsets[k], p.numel());
       const auto& g = p.grad();
       if (!g.defined())
         slot.zero_();
       else if (!is_slot(g, slot, p))  // in place already: .grad is still last step's alias
         slot_view(slot, p).copy_(g);
+      if (transient) p.mutable_grad() = torch::Tensor();  // packed: the rank keeps only its chunk's sums
     }
-    if (next_bucket_ == 0) first_start_ = Clock::now();
-    b.work = comm_->allreduce_sum_async(b.flat);
+    if (next_bucket_ == 0 && (first_in_step_ || !transient)) first_start_ = Clock::now();
+    b.work = stage_ == ShardStage::kNone ? comm_->allreduce_sum_async(b.flat) : comm_->reduce_scatter_sum_async(b.flat);
     ++next_bucket_;
   }
 }
 
 void GradientSync::poll() {
-  while (oldest_in_flight_ < next_bucket_ && buckets_[oldest_in_flight_].work->test()) ++oldest_in_flight_;
+  while (oldest_in_flight_ < next_bucket_ && buckets_[oldest_in_flight_].work->test()) {
+    if (stage_ == ShardStage::kGradients) wait_and_accumulate(buckets_[oldest_in_flight_]);  // frees it early
+    ++oldest_in_flight_;
+  }
 }
 
 void GradientSync::finish(Communicator& comm) {
@@ -213,6 +387,15 @@ void GradientSync::finish(Communicator& comm) {
       --buckets_[bucket_of_[i]].pending;
     }
   start_ready_buckets();
+  if (stage_ == ShardStage::kGradients) {  // no gradient stays behind: the chunks hold the sums
+    for (auto& b : buckets_) wait_and_accumulate(b);
+    const auto t1 = Clock::now();
+    times_.exposed_s += seconds_between(t0, t1);
+    times_.comm_s = buckets_.empty() ? 0.0 : seconds_between(first_start_, t1);
+    reset_step();
+    first_in_step_ = true;  // end_backward() sets it back to false for a micro-batch that is not the last
+    return;
+  }
   for (auto& b : buckets_) b.work->wait();
   // Note [Gradients as bucket views]: instead of copying the sums back, each .grad becomes an
   // alias of its slot in the bucket (c10d's gradient_as_bucket_view): no copy, and the step's

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/log.h"
@@ -109,15 +110,17 @@ void MpiCommunicator::allreduce_sum_many(std::vector<torch::Tensor>& tensors) {
   stats_.allreduce_bytes += bytes;
 }
 
-// An MPI_Iallreduce in flight. The host buffer (the tensor itself, or its staging copy) is
-// held here so it outlives the request; a staged result is written back on completion.
+// A non-blocking MPI collective in flight. The host buffers (the tensor itself, or its staging
+// copy, and any receive buffer) are held here so they outlive the request; `on_done` writes a
+// staged result back on completion.
 class MpiWork final : public Work {
  public:
-  MpiWork(MpiCommunicator& comm, torch::Tensor target, torch::Tensor buf, bool staged)
-      : comm_(comm), target_(std::move(target)), buf_(std::move(buf)), staged_(staged) {}
+  MpiWork(MpiCommunicator& comm, const char* what, int64_t bytes, std::vector<torch::Tensor> keep,
+          std::function<void()> on_done)
+      : comm_(comm), what_(what), bytes_(bytes), keep_(std::move(keep)), on_done_(std::move(on_done)) {}
   MpiWork(const MpiWork&) = delete;
   MpiWork& operator=(const MpiWork&) = delete;
-  // MPI still writes into buf_ until the request completes: never free it under MPI's feet.
+  // MPI still writes into the buffers until the request completes: never free them under MPI's feet.
   ~MpiWork() override {
     if (!done_) wait();
   }
@@ -133,19 +136,22 @@ class MpiWork final : public Work {
   }
   void wait() override {
     if (done_) return;
-    comm_.wait(&req_, "all-reduce", static_cast<int64_t>(buf_.nbytes()));
+    comm_.wait(&req_, what_, bytes_);
     complete();
   }
 
  private:
   void complete() {
-    if (staged_) target_.copy_(buf_);
+    if (on_done_) on_done_();
+    keep_.clear();
     done_ = true;
   }
 
   MpiCommunicator& comm_;
-  torch::Tensor target_, buf_;
-  bool staged_;
+  const char* what_;
+  int64_t bytes_;
+  std::vector<torch::Tensor> keep_;
+  std::function<void()> on_done_;
   bool done_ = false;
   MPI_Request req_ = MPI_REQUEST_NULL;
 };
@@ -153,11 +159,48 @@ class MpiWork final : public Work {
 std::unique_ptr<Work> MpiCommunicator::allreduce_sum_async(torch::Tensor t) {
   bool staged = false;
   auto buf = host_buffer(t, staged);
-  auto work = std::make_unique<MpiWork>(*this, t, buf, staged);
+  auto work = std::make_unique<MpiWork>(*this, "all-reduce", static_cast<int64_t>(buf.nbytes()),
+                                        std::vector<torch::Tensor>{buf}, [t, buf, staged]() mutable {
+                                          if (staged) t.copy_(buf);
+                                        });
   MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), static_cast<int>(buf.numel()), mpi_type(buf.scalar_type()), MPI_SUM,
                  MPI_COMM_WORLD, work->request());
   ++stats_.allreduce_calls;
   stats_.allreduce_bytes += static_cast<int64_t>(buf.nbytes());
+  return work;
+}
+
+// MPI_Ireduce_scatter_block into a receive buffer of one chunk, copied into this rank's chunk
+// of `t` on completion (MPI's in-place variant leaves the result at the start of the buffer,
+// over chunk 0 that may be another rank's: a chunk-sized buffer is simpler and as cheap).
+std::unique_ptr<Work> MpiCommunicator::reduce_scatter_sum_async(torch::Tensor t) {
+  auto mine = shard_chunk(t, rank_, size_);
+  bool staged = false;
+  auto buf = host_buffer(t, staged);
+  auto recv = torch::empty({mine.numel()}, buf.options());
+  auto work = std::make_unique<MpiWork>(*this, "reduce-scatter", static_cast<int64_t>(buf.nbytes()),
+                                        std::vector<torch::Tensor>{buf, recv},
+                                        [mine, recv]() mutable { mine.copy_(recv); });
+  MPI_Ireduce_scatter_block(buf.data_ptr(), recv.data_ptr(), static_cast<int>(recv.numel()), mpi_type(buf.scalar_type()),
+                            MPI_SUM, MPI_COMM_WORLD, work->request());
+  ++stats_.reduce_scatter_calls;
+  stats_.reduce_scatter_bytes += static_cast<int64_t>(buf.nbytes());
+  return work;
+}
+
+// MPI_Iallgather in place: each rank's contribution is already at its chunk of the buffer.
+std::unique_ptr<Work> MpiCommunicator::allgather_async(torch::Tensor t) {
+  const auto chunk = shard_chunk(t, rank_, size_).numel();
+  bool staged = false;
+  auto buf = host_buffer(t, staged);
+  auto work = std::make_unique<MpiWork>(*this, "all-gather", static_cast<int64_t>(buf.nbytes()),
+                                        std::vector<torch::Tensor>{buf}, [t, buf, staged]() mutable {
+                                          if (staged) t.copy_(buf);
+                                        });
+  MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data_ptr(), static_cast<int>(chunk),
+                 mpi_type(buf.scalar_type()), MPI_COMM_WORLD, work->request());
+  ++stats_.allgather_calls;
+  stats_.allgather_bytes += static_cast<int64_t>(buf.nbytes());
   return work;
 }
 

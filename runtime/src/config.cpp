@@ -59,6 +59,7 @@ std::vector<Field> fields_of(Config& c) {
       {"memory", "activation_checkpoint", &mem.activation_checkpoint},
       {"memory", "recompute", &mem.activation_checkpoint, /*alias=*/true},  // the preferred spelling
       {"memory", "budget", &mem.budget},
+      {"memory", "shard", &mem.shard}, {"memory", "optimizer_state", &mem.optimizer_state},
       {"checkpoint", "dir", &ck.dir}, {"checkpoint", "every_steps", &ck.every_steps},
       {"checkpoint", "keep_last", &ck.keep_last}, {"checkpoint", "async", &ck.async},
       {"checkpoint", "at_end", &ck.at_end},
@@ -400,6 +401,11 @@ void validate(const Config& c, int world_size) {
   } catch (const std::invalid_argument& e) {
     bad("memory.budget", quote(mem.budget), e.what());
   }
+  one_of("memory.shard", mem.shard, {"none", "optimizer", "gradients"});
+  one_of("memory.optimizer_state", mem.optimizer_state, {"fp32", "int8"});
+  if (mem.optimizer_state == "int8" && t.optimizer != "adamw")
+    bad("memory.optimizer_state", quote(mem.optimizer_state),
+        "8-bit state is AdamW's moments; train.optimizer = '" + t.optimizer + "' keeps fp32 state");
 
   non_negative("checkpoint.every_steps", c.checkpoint.every_steps);
   positive("checkpoint.keep_last", c.checkpoint.keep_last);

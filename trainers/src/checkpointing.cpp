@@ -11,6 +11,7 @@
 #include "leantrain/runtime/files.h"
 #include "leantrain/runtime/log.h"
 #include "leantrain/runtime/runtime_context.h"
+#include "leantrain/trainers/sharded_optimizer.h"
 
 #ifndef LEANTRAIN_VERSION
 #define LEANTRAIN_VERSION "unknown"
@@ -45,8 +46,15 @@ torch::Tensor step_tensor(int64_t step) { return torch::full({}, step, torch::Te
 
 }  // namespace
 
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters_of(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : model.named_parameters()) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
 Checkpoint capture_state(const Config& cfg, int world, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                         const LossScaler& scaler, int64_t step, int64_t steps_per_epoch, bool copy) {
+                         const LossScaler& scaler, int64_t step, int64_t steps_per_epoch, bool copy,
+                         std::vector<NamedTensor>* gathered) {
   torch::NoGradGuard no_grad;
   Checkpoint c;
   c.step = step;
@@ -72,8 +80,12 @@ Checkpoint capture_state(const Config& cfg, int world, torch::nn::Module& model,
   c.optimizer_attrs = {{"lr", cfg.train.lr},           {"weight_decay", cfg.train.weight_decay},
                        {"beta1", cfg.train.beta1},     {"beta2", cfg.train.beta2},
                        {"eps", cfg.train.eps},         {"momentum", cfg.train.momentum}};
+  auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer);
+  if (gathered) c.optimizer = std::move(*gathered);                          // Note [Sharded checkpoints]
+  else if (sharded) c.optimizer = sharded->full_state(named_parameters_of(model));  // unsharded 8-bit: local
   auto& state = optimizer.state();
   for (const auto& p : model.named_parameters()) {
+    if (gathered || sharded) break;
     auto it = state.find(p.value().unsafeGetTensorImpl());
     if (it == state.end()) continue;  // no step taken yet for this parameter
     const std::string& n = p.key();
@@ -112,13 +124,24 @@ void restore_state(const Checkpoint& c, torch::nn::Module& model, torch::optim::
     const auto slash = nt.name.rfind('/');
     opt[nt.name.substr(0, slash)][nt.name.substr(slash + 1)] = &nt.tensor;
   }
-  if (!opt.empty() && c.optimizer_kind != (dynamic_cast<torch::optim::AdamW*>(&optimizer) ? "adamw" : "sgd"))
+  auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer);
+  const bool adamw = sharded ? sharded->adamw() : dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  if (!opt.empty() && c.optimizer_kind != (adamw ? "adamw" : "sgd"))
     throw CheckpointError("the checkpoint holds " + c.optimizer_kind +
                           " optimizer state; this run's train.optimizer differs (use --init-from to start a "
                           "new optimizer from its weights)");
+  if (sharded) {
+    sharded->load_full_state(named_parameters_of(model), [&](const std::string& name, const std::string& key) {
+      auto it = opt.find(name);
+      if (it == opt.end()) return static_cast<const torch::Tensor*>(nullptr);
+      auto f = it->second.find(key);
+      return f == it->second.end() ? static_cast<const torch::Tensor*>(nullptr) : f->second;
+    });
+  }
   auto& state = optimizer.state();
   state.clear();
   for (const auto& p : model.named_parameters()) {
+    if (sharded) break;
     auto it = opt.find(p.key());
     if (it == opt.end()) continue;
     const auto& s = it->second;

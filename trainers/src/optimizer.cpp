@@ -1,4 +1,6 @@
 #include "leantrain/trainers/optimizer.h"
+#include "leantrain/trainers/quantized_state.h"
+#include "leantrain/trainers/sharded_optimizer.h"
 
 #include <torch/torch.h>
 
@@ -136,6 +138,13 @@ void FusedAdamW::step_scaled(const torch::Tensor& grad_scale) {
   }
 }
 
+std::vector<torch::Tensor> ScaledStep::update_gradients(const std::vector<torch::Tensor>& params) const {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
 torch::Tensor FusedSGD::step(LossClosure closure) {
   auto loss = closure_loss(closure);
   step_scaled({});
@@ -206,7 +215,34 @@ int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes) {
   return t.momentum != 0 ? param_bytes : 0;
 }
 
+int64_t optimizer_state_bytes(const Config& cfg, int64_t param_bytes, int world) {
+  int64_t bytes = optimizer_state_bytes(cfg.train, param_bytes);
+  // 8-bit moments: a byte per element per moment plus a float scale per block, for FP32
+  // parameters (4 bytes each); tensors under kMin8bitNumel elements stay FP32, not counted here.
+  if (cfg.memory.optimizer_state == "int8" && cfg.train.optimizer == "adamw")
+    bytes = 2 * (param_bytes / 4) + 2 * ((param_bytes / 4 + kQuantBlock - 1) / kQuantBlock) * 4;
+  if (cfg.memory.shard != "none" && world > 1) bytes = (bytes + world - 1) / world;
+  return bytes;
+}
+
+ModelStateBytes model_state_bytes(const Config& cfg, int64_t param_bytes, int world) {
+  ModelStateBytes b;
+  b.optimizer = optimizer_state_bytes(cfg, param_bytes, world);
+  b.gradients = param_bytes;
+  if (world > 1) {
+    b.comm = param_bytes;
+    if (cfg.memory.shard == "gradients") {
+      // The chunk accumulators, and at most about two buckets' gradients alive at once (the
+      // one being filled by backward and the one in flight).
+      b.comm = (param_bytes + world - 1) / world;
+      b.gradients = std::min(param_bytes, static_cast<int64_t>(2 * cfg.comm.bucket_mb * 1048576.0));
+    }
+  }
+  return b;
+}
+
 int64_t optimizer_state_allocated_bytes(torch::optim::Optimizer& optimizer) {
+  if (auto* s = dynamic_cast<const ShardedOptimizer*>(&optimizer)) return s->state_bytes();
   int64_t bytes = 0;
   auto add = [&](const torch::Tensor& x) {
     if (x.defined()) bytes += static_cast<int64_t>(x.nbytes());

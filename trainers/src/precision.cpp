@@ -105,13 +105,22 @@ void LossScaler::load(double scale, int64_t growth_tracker) {
 namespace {
 bool fused_update(ScaledStep& optimizer, LossScaler& scaler, const std::vector<torch::Tensor>& params,
                   double grad_clip, comm::Communicator& comm) {
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
+  const std::vector<torch::Tensor> grads = optimizer.update_gradients(params);
   const double scale = scaler.scale_value();
   double norm = 0.0;  // of the scaled gradients
-  if (!grads.empty() && (scaler.enabled() || grad_clip > 0))
-    norm = torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2).item<double>();
+  if (scaler.enabled() || grad_clip > 0) {
+    if (optimizer.sharded()) {
+      // This rank's chunks: the squares summed over ranks (Note [Sharded model state]). Every
+      // rank takes part, also one whose chunks happen to hold no element.
+      auto sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble));
+      if (!grads.empty())
+        sq += torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2).pow(2).to(torch::kDouble).cpu();
+      comm.allreduce_sum(sq);
+      norm = std::sqrt(sq.item<double>());
+    } else if (!grads.empty()) {
+      norm = torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2).item<double>();
+    }
+  }
   bool found_inf = false;
   if (scaler.enabled()) {
     auto flag = torch::full({1}, std::isfinite(norm) ? 0.0f : 1.0f, torch::TensorOptions().dtype(torch::kFloat));
@@ -125,8 +134,8 @@ bool fused_update(ScaledStep& optimizer, LossScaler& scaler, const std::vector<t
       if (coef < 1.0) divisor = scale / coef;
     }
     torch::Tensor grad_scale;
-    if (divisor != 1.0 && !grads.empty())
-      grad_scale = torch::full({1}, divisor, torch::TensorOptions().dtype(torch::kFloat).device(grads.front().device()));
+    if (divisor != 1.0 && !params.empty())
+      grad_scale = torch::full({1}, divisor, torch::TensorOptions().dtype(torch::kFloat).device(params.front().device()));
     optimizer.step_scaled(grad_scale);
   }
   scaler.update(found_inf);

@@ -1,4 +1,5 @@
 #include "leantrain/trainers/trainer.h"
+#include "leantrain/trainers/sharded_optimizer.h"
 
 #include <c10/util/Exception.h>
 #include <sys/resource.h>
@@ -123,6 +124,8 @@ struct Trainer::MicroBatches {
   int64_t tokens = 0;
   double data_s = 0, compute_s = 0;
   bool last_backward_begun = false, oom = false;
+  int64_t done = 0;             // micro-batches whose backward completed
+  int64_t backward_begun = -1;  // the last micro-batch whose gradient sync began
   std::string oom_what;
 };
 
@@ -170,16 +173,18 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
     comm_.broadcast(d, 0);
   }
   for (auto& b : model.buffers()) comm_.broadcast(b, 0);
-  optimizer_ = make_optimizer(t, model);
+  // The buckets before the optimizer: a sharded optimizer updates this rank's chunks of them.
+  shard_ = world_ > 1 ? comm::parse_shard_stage(cfg_.memory.shard) : comm::ShardStage::kNone;
+  params_ = model.parameters();
+  grad_sync_ = std::make_unique<comm::GradientSync>(params_, cfg_.comm.first_bucket_mb, cfg_.comm.bucket_mb,
+                                                    cfg_.comm.overlap, shard_, world_, rank_);
+  optimizer_ = make_run_optimizer(cfg_, model, *grad_sync_, comm_);
   scaler_ = std::make_unique<LossScaler>(cfg_.precision, cfg_.precision.mode == "fp16", device_);
   for (const auto& p : model.parameters()) param_bytes_ += static_cast<int64_t>(p.nbytes());
   check_budget();
   ckpt_dir_ = opt_.out_dir.empty() ? cfg_.checkpoint.dir : checkpoint_dir(cfg_, opt_.out_dir);
   start_from(opt_.start);
   open_outputs();
-  params_ = model.parameters();
-  grad_sync_ = std::make_unique<comm::GradientSync>(params_, cfg_.comm.first_bucket_mb, cfg_.comm.bucket_mb,
-                                                    cfg_.comm.overlap);
   if (world_ > 1) grad_sync_->allocate_buffers();  // persistent, so part of every step's base memory
   if (budget_ > 0) {
     meter_.set_budget(budget_);
@@ -206,15 +211,18 @@ void Trainer::check_budget() {
   budget_ = parse_bytes(cfg_.memory.budget);
   if (budget_ <= 0) return;
   const int64_t now = meter_.stats().current_bytes;
-  const int64_t comm_bytes = world_ > 1 ? param_bytes_ : 0;
-  const int64_t opt_bytes = optimizer_state_bytes(cfg_.train, param_bytes_);
-  budget_minimum_ = now + comm_bytes + param_bytes_ + opt_bytes;
+  const auto mb = model_state_bytes(cfg_, param_bytes_, world_);
+  budget_minimum_ = now + mb.comm + mb.gradients + mb.optimizer;
   if (budget_ < budget_minimum_)
     throw ConfigError("memory.budget = " + bytes_text(budget_) + " is below the " + bytes_text(budget_minimum_) +
                       " this run holds before any activation (allocated now: " + format_bytes(now) +
                       ", of it parameters " + format_bytes(param_bytes_) + "; gradients " +
-                      format_bytes(param_bytes_) + "; optimizer state " + format_bytes(opt_bytes) +
-                      (world_ > 1 ? "; communication buffers " + format_bytes(comm_bytes) : std::string()) +
+                      format_bytes(mb.gradients) + "; optimizer state " + format_bytes(mb.optimizer) +
+                      (shard_ != comm::ShardStage::kNone || cfg_.memory.optimizer_state != "fp32"
+                           ? " (memory.shard " + cfg_.memory.shard + ", memory.optimizer_state " +
+                                 cfg_.memory.optimizer_state + ")"
+                           : std::string()) +
+                      (mb.comm > 0 ? "; communication buffers " + format_bytes(mb.comm) : std::string()) +
                       "); set memory.budget / --memory-budget to at least " + std::to_string(budget_minimum_) +
                       " bytes plus room for activations, or use a smaller model");
 }
@@ -308,7 +316,8 @@ void Trainer::log_start() const {
             std::to_string(t.global_batch) + " = " + std::to_string(world_) + " ranks x " +
             std::to_string(t.micro_batch) + " micro x " + std::to_string(accum_) +
             " accumulation; recompute " +
-            models::RecomputePolicy::parse(cfg_.memory.activation_checkpoint).to_string() + "; " +
+            models::RecomputePolicy::parse(cfg_.memory.activation_checkpoint).to_string() + "; shard " +
+            comm::to_string(shard_) + ", optimizer state " + cfg_.memory.optimizer_state + "; " +
             std::to_string(total_steps_) + " steps (" + std::to_string(steps_per_epoch_) + " per epoch)");
   if (lr_scale(t) != 1.0)
     log::info("linear lr scaling: train.lr " + std::to_string(t.lr) + " x global batch " +
@@ -380,17 +389,21 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
                                                data::fields_on(batch, device_));
       }
       if (hooks_->nan_loss(step + 1, rank_)) loss = loss * std::numeric_limits<double>::quiet_NaN();
-      // The buckets' all-reduces start inside the last micro-batch's backward (comm.overlap).
-      if (world_ > 1 && j == accum_ - 1) {
-        grad_sync_->begin_last_backward(comm_);
-        mb.last_backward_begun = true;
+      // The buckets' all-reduces start inside the last micro-batch's backward (comm.overlap);
+      // with sharded gradients every micro-batch's buckets are reduce-scattered.
+      if (world_ > 1 && (j == accum_ - 1 || shard_ == comm::ShardStage::kGradients)) {
+        grad_sync_->begin_backward(comm_, j == accum_ - 1);
+        mb.backward_begun = j;
+        if (j == accum_ - 1) mb.last_backward_begun = true;
       }
       if (j == accum_ - 1 && attempt == 0 && hooks_->oom_in_last_micro_batch(step + 1, rank_))
         TORCH_CHECK_WITH(OutOfMemoryError, false, "injected out of memory (LEANTRAIN_FAULT oom@", step + 1, ")");
       // Gradients average over the whole global batch: world x accumulation micro-batches.
       scaler_->scale(loss / static_cast<double>(accum_ * world_)).backward();
+      if (world_ > 1 && shard_ == comm::ShardStage::kGradients && j < accum_ - 1) grad_sync_->end_backward(comm_);
       mb.loss_sum += loss.detach();
       mb.compute_s += seconds_since(c0);
+      mb.done = j + 1;
     }
   } catch (const c10::OutOfMemoryError& e) {
     if (!opt_.oom_backoff && world_ == 1) throw;  // the planner's probe: this candidate does not fit
@@ -399,6 +412,15 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
     // What the partial step accumulated. Dropped, not zeroed: a bucket's all-reduce may
     // still be reading its buffer.
     optimizer_->zero_grad(/*set_to_none=*/true);
+    // Sharded gradients: the peers reduce-scatter every micro-batch's buckets; this rank
+    // issues the same collectives for the micro-batches it did not finish (zeros: the step is
+    // redone anyway), the last one's begun for finish().
+    if (world_ > 1 && shard_ == comm::ShardStage::kGradients)
+      for (int64_t j = mb.done; j < accum_; ++j) {
+        if (mb.backward_begun != j) grad_sync_->begin_backward(comm_, j == accum_ - 1);
+        if (j < accum_ - 1) grad_sync_->end_backward(comm_);
+        else mb.last_backward_begun = true;
+      }
   }
   return mb;
 }
@@ -409,6 +431,7 @@ void Trainer::back_off(int64_t step, bool oom_here, const std::string& what, int
   // In place under mpirun (every collective has ended), so the redo accumulates in the
   // buckets (Note [Gradients stay in the buckets]).
   optimizer_->zero_grad(/*set_to_none=*/!hold_grads_);
+  grad_sync_->drop_shard_sums();
   const std::string who =
       oom_here ? "out of memory" : "out of memory on " + std::to_string(ranks_oom) + " other rank(s)";
   const std::string where = "step " + std::to_string(step + 1) + ": " + who + " with micro-batch " +
@@ -463,6 +486,7 @@ StepResult Trainer::train_step(int64_t step) {
   // while it writes); the step's peak above that is the gradients outside the buckets plus
   // the activations of one micro-batch. Optimizer state is summed over its tensors, so a
   // checkpoint snapshot is not counted as such.
+  const comm::CommStats stats_at_start = comm_.stats();
   r.base_bytes = meter_.stats().current_bytes;
   r.optimizer_bytes = optimizer_state_allocated_bytes(*optimizer_);
   r.other_bytes = std::max<int64_t>(0, r.base_bytes - param_bytes_ - r.optimizer_bytes - grad_sync_->buffer_bytes());
@@ -475,8 +499,11 @@ StepResult Trainer::train_step(int64_t step) {
     const auto u0 = Clock::now();
     // Collectives issued while the micro-batches ran, besides the gradient buckets started in
     // the last backward (must be none: accumulation is local).
+    // (Sharded: the buckets' reduce-scatters are counted as such, not as all-reduces.)
     r.calls_in_microbatches = comm_.stats().allreduce_calls - calls_at_start -
-                              (mb.last_backward_begun ? grad_sync_->last_times().started_in_backward : 0);
+                              (mb.last_backward_begun && shard_ == comm::ShardStage::kNone
+                                   ? grad_sync_->last_times().started_in_backward
+                                   : 0);
     if (world_ > 1) {  // once per optimizer step: one all-reduce per bucket, sums into .grad
       if (mb.last_backward_begun) grad_sync_->finish(comm_);
       else grad_sync_->all_reduce(comm_);  // out of memory before the last backward began
@@ -509,6 +536,14 @@ StepResult Trainer::train_step(int64_t step) {
   r.nonfinite_loss = nonfinite_.skip_update(step + 1, r.loss, ckpt_dir_);
   r.applied = !r.nonfinite_loss && apply_update(*optimizer_, *scaler_, params_, cfg_.train.grad_clip, comm_);
   r.update_s += seconds_since(u1);
+  const comm::CommStats& now = comm_.stats();
+  r.grad_reduce_scatter_calls = now.reduce_scatter_calls - stats_at_start.reduce_scatter_calls;
+  r.param_allgather_calls = now.allgather_calls - stats_at_start.allgather_calls;
+  const double ring = world_ > 1 ? static_cast<double>(world_ - 1) / world_ : 0.0;
+  r.comm_bytes = static_cast<int64_t>(
+      ring * (2.0 * static_cast<double>(now.allreduce_bytes - stats_at_start.allreduce_bytes) +
+              static_cast<double>(now.reduce_scatter_bytes - stats_at_start.reduce_scatter_bytes) +
+              static_cast<double>(now.allgather_bytes - stats_at_start.allgather_bytes)));
   r.step_time_s = seconds_since(step_start);
   r.peak_bytes = meter_.stats().peak_bytes;
   return r;
@@ -598,15 +633,21 @@ std::optional<EvalResult> Trainer::evaluate(int64_t epoch) {
 void Trainer::maybe_checkpoint(const StepResult& r) {
   if (!schedule_.due(r.step, total_steps_, r.stop)) return;
   generous_step_ = true;  // rank 0 may still be writing when the next step starts
-  if (rank_ != 0 || ckpt_dir_.empty()) return;
+  if (ckpt_dir_.empty()) return;
   const auto c0 = Clock::now();
+  // Sharded optimizer state is gathered to rank 0 by every rank (Note [Sharded checkpoints]).
+  std::optional<std::vector<checkpoint_io::NamedTensor>> gathered;
+  if (auto* s = dynamic_cast<ShardedOptimizer*>(optimizer_.get()); s && s->sharded())
+    gathered = s->full_state(named_parameters_of(*parts_.model), 0);
+  if (rank_ != 0) return;
   const auto fault = hooks_->checkpoint_fault(r.step, rank_);
   // Note [Checkpoints under a CPU budget]: the background writer's copy of the state
   // (parameters + optimizer state) lives in the memory the budget limits on the CPU (on a
   // GPU it is host memory, outside the budget); with a CPU budget the write is synchronous
   // from the live tensors instead.
   const bool copy = writer_->async() && fault == CheckpointFault::kNone && !(budget_ > 0 && !ctx_.on_cuda());
-  auto c = capture_state(cfg_, world_, *parts_.model, *optimizer_, *scaler_, r.step, steps_per_epoch_, copy);
+  auto c = capture_state(cfg_, world_, *parts_.model, *optimizer_, *scaler_, r.step, steps_per_epoch_, copy,
+                         gathered ? &*gathered : nullptr);
   if (fault != CheckpointFault::kNone) write_under_storage_fault(*writer_, c, fault == CheckpointFault::kKill, c0);
   else if (!copy) writer_->write_now(c, c0);
   else writer_->submit(std::move(c), c0);
@@ -639,6 +680,9 @@ void Trainer::record_step(const StepResult& r) {
                     {"comm_calls_in_microbatches", r.calls_in_microbatches},
                     {"grad_allreduce_calls", r.grad_allreduce_calls},
                     {"grad_buckets", static_cast<int64_t>(grad_sync_->num_buckets())},
+                    {"grad_reduce_scatter_calls", r.grad_reduce_scatter_calls},
+                    {"param_allgather_calls", r.param_allgather_calls},
+                    {"comm_bytes", r.comm_bytes},
                     {"peak_mem_bytes", r.peak_bytes},
                     {"peak_rss_bytes", peak_rss_bytes()},
                     {"micro_batch", r.micro_batch},

@@ -21,6 +21,10 @@ struct CommStats {
   int64_t allreduce_calls = 0;  // one per tensor all-reduced
   int64_t allreduce_bytes = 0;
   int64_t broadcast_calls = 0;
+  int64_t reduce_scatter_calls = 0;  // one per tensor reduce-scattered
+  int64_t reduce_scatter_bytes = 0;  // the whole tensor's bytes (what an all-reduce of it would count)
+  int64_t allgather_calls = 0;       // in-place all-gathers (allgather_async)
+  int64_t allgather_bytes = 0;       // the whole tensor's bytes
 };
 
 /// A collective in flight (c10d's Work). A collective that misses the communicator's
@@ -62,6 +66,19 @@ class Communicator {
     allreduce_sum(t);
     return std::make_unique<CompletedWork>();
   }
+  /// Note [Shard chunks]: the sharded collectives split a tensor of n elements (n a multiple
+  /// of size()) into size() equal chunks; rank r owns chunk r, elements [r n/size, (r+1) n/size).
+  /// A reduce-scatter followed by an all-gather moves the bytes of one all-reduce (the ring
+  /// all-reduce is exactly these two phases).
+  ///
+  /// Starts summing `t` (contiguous) over ranks into this rank's chunk and returns at once:
+  /// after wait(), chunk rank() of `t` holds the sum of that chunk over ranks; the other chunks
+  /// hold unspecified values. The default is the blocking all-reduce (every chunk summed).
+  virtual std::unique_ptr<Work> reduce_scatter_sum_async(torch::Tensor t);
+  /// Starts an all-gather in place: on entry chunk rank() of `t` (contiguous) holds this
+  /// rank's values; after wait() every chunk holds its owner's values, on every rank. The
+  /// default gathers through allgather().
+  virtual std::unique_ptr<Work> allgather_async(torch::Tensor t);
   /// The deadline of every collective started from now on, in seconds (comm.timeout_s at
   /// first; the trainer may tighten it once the first step has completed).
   virtual void set_timeout(double seconds) { (void)seconds; }
@@ -99,8 +116,22 @@ class LocalCommunicator final : public Communicator {
   }
   void broadcast(torch::Tensor&, int) override { ++stats_.broadcast_calls; }
   std::vector<torch::Tensor> allgather(const torch::Tensor& t) override { return {t.clone()}; }
+  std::unique_ptr<Work> reduce_scatter_sum_async(torch::Tensor t) override {
+    ++stats_.reduce_scatter_calls;
+    stats_.reduce_scatter_bytes += static_cast<int64_t>(t.nbytes());
+    return std::make_unique<CompletedWork>();
+  }
+  std::unique_ptr<Work> allgather_async(torch::Tensor t) override {
+    ++stats_.allgather_calls;
+    stats_.allgather_bytes += static_cast<int64_t>(t.nbytes());
+    return std::make_unique<CompletedWork>();
+  }
   void barrier() override {}
 };
+
+/// Chunk `rank` of `t` split in `world` equal parts (Note [Shard chunks]); throws
+/// std::invalid_argument when t.numel() is not a multiple of world.
+torch::Tensor shard_chunk(const torch::Tensor& t, int rank, int world);
 
 /// The backend comm.backend resolves to ("local", "nccl" or "mpi"), a pure function: auto
 /// is local for a world of one, NCCL when the run is on CUDA and NCCL is built, MPI

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/csrc/autograd/function.h>
@@ -31,12 +32,41 @@ struct GradSyncTimes {
   int64_t started_in_backward = 0;
 };
 
+/// memory.shard (Note [Sharded model state] in the .cpp): what each rank keeps of the
+/// gradients and the optimizer state.
+enum class ShardStage {
+  kNone,       // every rank all-reduces every bucket and updates every parameter
+  kOptimizer,  // ZeRO-1: reduce-scatter of the full buckets once per step; each rank updates its chunk
+  kGradients,  // ZeRO-2: each micro-batch's buckets reduce-scattered into per-rank chunk accumulators
+};
+/// "none" | "optimizer" | "gradients"; ConfigError naming memory.shard otherwise.
+ShardStage parse_shard_stage(const std::string& s);
+std::string to_string(ShardStage s);
+
+/// A 1-D view of the elements of `t` (non-overlapping and dense: contiguous, channels-last,
+/// ...) in memory order, sharing its storage; a bucket slot holds a gradient in this order
+/// (Note [Gradients in the parameter's layout]). std::invalid_argument for other tensors.
+torch::Tensor memory_order_view(const torch::Tensor& t);
+
+/// One run of a parameter's elements, in the parameter's memory order, that this rank updates,
+/// and where its reduced gradient lies (a 1-D view into this rank's chunk of a bucket).
+struct ShardPiece {
+  torch::Tensor param;  // the parameter (shares the model's TensorImpl)
+  int64_t offset = 0;   // first element, in the parameter's memory order
+  int64_t numel = 0;
+  torch::Tensor grad;   // [numel] view of the reduced gradient (valid after finish())
+  size_t bucket = 0;    // the bucket, and where the piece starts in this rank's chunk of it
+  int64_t chunk_offset = 0;
+};
+
 class GradientSync {
  public:
   /// `overlap` = comm.overlap: start buckets from gradient-ready hooks inside backward, or
-  /// all of them after it. Allocates nothing until the first synchronisation.
+  /// all of them after it. `stage`, `world`, `rank`: memory.shard and this rank's place (the
+  /// buckets are padded to a multiple of `world` elements). Allocates nothing until the first
+  /// synchronisation.
   GradientSync(const std::vector<torch::Tensor>& params, double first_bucket_mb, double bucket_mb,
-               bool overlap = true);
+               bool overlap = true, ShardStage stage = ShardStage::kNone, int world = 1, int rank = 0);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -45,6 +75,29 @@ class GradientSync {
   /// hooks, which start each bucket's all-reduce on `comm` once its gradients are final.
   /// Without overlap it only marks the step.
   void begin_last_backward(Communicator& comm);
+  /// kGradients: call before EVERY micro-batch's backward (last: whether it is the step's
+  /// last), and end_backward() after each one but the last (finish() after the last). The
+  /// other stages: begin_backward(comm, true) is begin_last_backward(comm).
+  void begin_backward(Communicator& comm, bool last);
+  /// kGradients, after a micro-batch's backward that is not the step's last: starts the
+  /// buckets not yet started (missing gradients count as zeros), waits for them and adds this
+  /// rank's chunks into its accumulators; the gradients are freed.
+  void end_backward(Communicator& comm);
+  /// The shard stages' all-gather after the update of this rank's pieces: every parameter
+  /// then holds the values its owner ranks computed (bucket by bucket, at most two in flight).
+  void allgather_params(Communicator& comm);
+  /// kGradients: zeroes the chunk accumulators (an out-of-memory back-off drops a step's sums).
+  void drop_shard_sums();
+  /// The pieces this rank updates (allocates the buffers): for kNone none.
+  std::vector<ShardPiece> shard_pieces();
+  /// Zeroed [chunk] tensors, one per bucket, in `opts` (state to gather for a checkpoint).
+  std::vector<torch::Tensor> chunk_buffers(const torch::TensorOptions& opts) const;
+  /// Checkpoints of sharded state, a collective (bucket by bucket): `chunks[b]` holds this
+  /// rank's values of bucket b (chunk_buffers). Returns on `root` every parameter's full
+  /// values, 1-D in its memory order, in the order of the constructor's `params`; nothing on
+  /// the other ranks.
+  std::vector<torch::Tensor> gather_chunks(const std::vector<torch::Tensor>& chunks, Communicator& comm, int root) const;
+  ShardStage stage() const { return stage_; }
   /// Call after that backward: starts the buckets not yet started (a parameter that got no
   /// gradient counts as zeros), waits for all; every .grad() is then its sum, as a view of
   /// its bucket buffer (Note [Gradients as bucket views] in the .cpp).
@@ -73,7 +126,9 @@ class GradientSync {
     std::vector<size_t> members;  // indices into params_
     std::vector<int64_t> offsets; // element offset of each member in `flat`
     int64_t numel = 0;
-    torch::Tensor flat;           // persistent: allocated once, reused every step
+    int64_t padded = 0;           // numel rounded up to a multiple of the world size
+    torch::Tensor flat;           // persistent: allocated once, reused every step (kGradients: per micro-batch)
+    torch::Tensor shard;          // kGradients: this rank's chunk accumulator (persistent)
     size_t pending = 0;           // members whose gradient is not final yet this step
     std::unique_ptr<Work> work;
   };
@@ -84,12 +139,16 @@ class GradientSync {
   void start_ready_buckets();
   void poll();
   void reset_step();
+  void wait_and_accumulate(Bucket& b);  // kGradients: a bucket's reduce-scatter done, its chunk summed
 
   std::vector<torch::Tensor> params_;  // reverse parameter order (roughly backward's)
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;      // param index -> bucket
   std::vector<char> ready_;            // param index -> gradient final this step
   bool overlap_;
+  ShardStage stage_;
+  int world_, rank_;
+  bool first_in_step_ = true;          // kGradients: the next micro-batch's chunks are copied, not added
   bool armed_ = false;
   bool in_backward_ = false;
   size_t next_bucket_ = 0;             // buckets start in order: the next one to start

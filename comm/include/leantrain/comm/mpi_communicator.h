@@ -23,6 +23,10 @@ class MpiCommunicator final : public Communicator {
   /// back in wait()). test() is MPI_Test, which also drives Open MPI's progress for every
   /// collective in flight; wait() is the deadline loop of the blocking calls.
   std::unique_ptr<Work> allreduce_sum_async(torch::Tensor t) override;
+  /// MPI_Ireduce_scatter_block / MPI_Iallgather (in place), with the same staging, progress
+  /// and deadline as allreduce_sum_async (Note [Shard chunks]).
+  std::unique_ptr<Work> reduce_scatter_sum_async(torch::Tensor t) override;
+  std::unique_ptr<Work> allgather_async(torch::Tensor t) override;
   void broadcast(torch::Tensor& t, int root) override;
   std::vector<torch::Tensor> allgather(const torch::Tensor& t) override;
   void barrier() override;

@@ -38,6 +38,9 @@ class NcclCommunicator final : public Communicator {
   void allreduce_sum(torch::Tensor& t) override;
   void allreduce_sum_many(std::vector<torch::Tensor>& tensors) override;
   std::unique_ptr<Work> allreduce_sum_async(torch::Tensor t) override;
+  /// ncclReduceScatter / ncclAllGather in place on the comm stream (CPU tensors over MPI).
+  std::unique_ptr<Work> reduce_scatter_sum_async(torch::Tensor t) override;
+  std::unique_ptr<Work> allgather_async(torch::Tensor t) override;
   void set_timeout(double seconds) override;
   void broadcast(torch::Tensor& t, int root) override;
   std::vector<torch::Tensor> allgather(const torch::Tensor& t) override;

@@ -72,6 +72,11 @@ struct MemoryConfig {
   // it as activation_checkpoint.
   std::string activation_checkpoint = "none";
   std::string budget = "0";                    // bytes, e.g. "8GiB"; "0" = no budget
+  // Model-state memory across ranks (ZeRO): none | optimizer (stage 1: optimizer state
+  // sharded) | gradients (stage 2: gradients and optimizer state sharded).
+  std::string shard = "none";
+  // AdamW's moments: fp32 | int8 (block-wise dynamic 8-bit, bitsandbytes' 8-bit Adam).
+  std::string optimizer_state = "fp32";
 };
 
 struct CheckpointConfig {

@@ -38,9 +38,15 @@ std::vector<checkpoint_io::NamedTensor> model_tensors(torch::nn::Module& model);
 
 /// Everything exact resume needs after `step` optimizer steps. `copy` clones every tensor
 /// (for the background writer); otherwise the checkpoint aliases the live tensors.
+/// `gathered`: the optimizer state already gathered from the ranks (a sharded
+/// ShardedOptimizer's full_state(), a collective the caller ran on every rank).
 checkpoint_io::Checkpoint capture_state(const Config& cfg, int world, torch::nn::Module& model,
                                         torch::optim::Optimizer& optimizer, const LossScaler& scaler,
-                                        int64_t step, int64_t steps_per_epoch, bool copy);
+                                        int64_t step, int64_t steps_per_epoch, bool copy,
+                                        std::vector<checkpoint_io::NamedTensor>* gathered = nullptr);
+
+/// Parameters under their named_parameters() names.
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters_of(torch::nn::Module& model);
 
 /// Loads a checked checkpoint into the model, the optimizer and the scaler.
 void restore_state(const checkpoint_io::Checkpoint& c, torch::nn::Module& model,

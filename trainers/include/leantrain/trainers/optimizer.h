@@ -35,6 +35,11 @@ class ScaledStep {
   /// parameters' device; undefined: no division) as it reads it: the loss scale and the
   /// clipping factor in one division, no pass over the gradients of its own.
   virtual void step_scaled(const torch::Tensor& grad_scale) = 0;
+  /// The gradients the next update reads: by default every defined .grad of `params`;
+  /// a sharded optimizer's are this rank's chunks.
+  virtual std::vector<torch::Tensor> update_gradients(const std::vector<torch::Tensor>& params) const;
+  /// Whether update_gradients() is this rank's share only (their norm is then summed over ranks).
+  virtual bool sharded() const { return false; }
 };
 
 class FusedAdamW : public torch::optim::AdamW, public ScaledStep {
@@ -61,6 +66,19 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, to
 /// Bytes of optimizer state the first update allocates: AdamW keeps two FP32 moments per
 /// parameter, SGD one momentum buffer (none without momentum).
 int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes);
+/// The same for this run's memory.optimizer_state and memory.shard on `world` ranks (one
+/// rank's share; 8-bit: ~0.25x of FP32).
+int64_t optimizer_state_bytes(const Config& cfg, int64_t param_bytes, int world);
+
+/// What model state a rank holds besides the parameters (Note [Budget minimum]).
+struct ModelStateBytes {
+  int64_t gradients = 0;  // outside the buckets: all of them, or (sharded gradients) the buckets in flight
+  int64_t optimizer = 0;  // this rank's share of the optimizer state
+  int64_t comm = 0;       // persistent communication buffers: the buckets, or this rank's chunks of them
+};
+/// For `param_bytes` of FP32 parameters under cfg's memory.shard / memory.optimizer_state on
+/// `world` ranks.
+ModelStateBytes model_state_bytes(const Config& cfg, int64_t param_bytes, int world);
 
 /// Bytes the optimizer's state tensors hold now (AdamW moments, SGD momentum buffers): 0
 /// before the first update.

@@ -106,6 +106,10 @@ struct StepResult {
   double comm_time_s = 0, comm_exposed_s = 0;
   int64_t calls_in_microbatches = 0, grad_allreduce_calls = 0;
   int64_t buckets_in_backward = 0;  // gradient buckets whose all-reduce started inside the last backward
+  int64_t grad_reduce_scatter_calls = 0, param_allgather_calls = 0;  // memory.shard's collectives
+  /// Bytes this rank sent in the step's collectives, counted as ring algorithms send them: an
+  /// all-reduce of B bytes 2 (N-1)/N B, a reduce-scatter or an all-gather (N-1)/N B each.
+  int64_t comm_bytes = 0;
   int64_t peak_bytes = 0, base_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, other_bytes = 0;
   int64_t activation_bytes() const { return std::max<int64_t>(0, peak_bytes - base_bytes - grad_bytes); }
 };
@@ -186,6 +190,7 @@ class Trainer {
   std::string ckpt_dir_, resumed_from_;
   int world_ = 1, rank_ = 0;
   bool hold_grads_ = false;
+  comm::ShardStage shard_ = comm::ShardStage::kNone;  // memory.shard as run (a world of one: none)
   int64_t micro_ = 0, accum_ = 0, steps_per_epoch_ = 0, total_steps_ = 0, start_step_ = 0;
   int64_t param_bytes_ = 0, budget_ = 0, budget_minimum_ = 0, eval_batch_ = 0;
   bool generous_step_ = true;  // Note [Deadlines]
