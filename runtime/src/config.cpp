@@ -401,8 +401,9 @@ void validate(const Config& c, int world_size) {
   } catch (const std::invalid_argument& e) {
     bad("memory.budget", quote(mem.budget), e.what());
   }
-  one_of("memory.shard", mem.shard, {"none", "optimizer", "gradients"});
-  one_of("memory.optimizer_state", mem.optimizer_state, {"fp32", "int8"});
+  // "auto": the planner's to choose (train --auto / leantrain plan); the Trainer refuses it.
+  one_of("memory.shard", mem.shard, {"none", "optimizer", "gradients", "auto"});
+  one_of("memory.optimizer_state", mem.optimizer_state, {"fp32", "int8", "auto"});
   if (mem.optimizer_state == "int8" && t.optimizer != "adamw")
     bad("memory.optimizer_state", quote(mem.optimizer_state),
         "8-bit state is AdamW's moments; train.optimizer = '" + t.optimizer + "' keeps fp32 state");

@@ -433,6 +433,58 @@ TEST_F(Planner, TheAttentionTermPrunesPlainAndSdpaFitsALargerMicroBatch) {
   EXPECT_EQ(fits.code, 0) << fits.err;
 }
 
+// Note [Model state in the plan]: memory.optimizer_state = auto (one rank) and memory.shard =
+// auto (two ranks) let the planner fit a model whose FP32, unsharded model state alone is over
+// the limit: the budget minimum it refuses below follows the most saving option, the choice
+// names the option, and `train --auto` runs under it with every step's peak under the budget.
+TEST_F(Planner, ModelStateOptionsFitWhereUnshardedFp32StateDoesNot) {
+  // d_model 128: most tensors are over the 4096 elements 8-bit moments need.
+  const std::string wide = " --set model.d_model=128 --set model.n_head=4";
+  auto minimum = [&](const std::string& launcher, const std::string& sets, const std::string& out) {
+    auto r = run_cmd(launcher + LEANTRAIN_BINARY + " plan --config " + config(3) + wide + sets +
+                     " --memory-budget 100KiB --out " + (dir_ / out).string());
+    EXPECT_EQ(r.code, 2) << r.err;
+    const auto at = r.err.find("at least ");
+    return at == std::string::npos ? int64_t{-1} : std::stoll(r.err.substr(at + 9));
+  };
+  for (const bool two_ranks : {false, true}) {
+    SCOPED_TRACE(two_ranks ? "2 ranks, memory.shard = auto" : "1 rank, memory.optimizer_state = auto");
+    const std::string launcher = two_ranks ? mpirun(2) : std::string();
+    const std::string option = two_ranks ? " --set memory.shard=auto" : " --set memory.optimizer_state=auto";
+    const std::string tag = two_ranks ? "two" : "one";
+    const int64_t fp32 = minimum(launcher, "", tag + "_min32"), saved = minimum(launcher, option, tag + "_minauto");
+    ASSERT_GT(saved, 0);
+    EXPECT_LT(saved, fp32 * 3 / 4) << saved << " vs " << fp32;  // the moments (and, sharded, the gradients) shrink
+    // A budget whose limit (90 %) is under the unsharded FP32 fixed part: refused without the option.
+    const int64_t budget = fp32;
+    auto refused = run_cmd(launcher + LEANTRAIN_BINARY + " plan --config " + config(3) + wide +
+                           " --memory-budget " + std::to_string(budget) + " --out " + (dir_ / (tag + "_no")).string());
+    EXPECT_EQ(refused.code, 2) << refused.err;
+    const auto out = dir_ / (tag + "_run");
+    auto r = run_cmd(launcher + LEANTRAIN_BINARY + " train --config " + config(6) + wide + option +
+                     " --auto --memory-budget " + std::to_string(budget) + " --out " + out.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto plan = events(out, "plan");
+    ASSERT_EQ(plan.size(), 1u);
+    const auto cfg = nlohmann::json::parse(slurp(out / "config.json"));
+    if (two_ranks) {
+      EXPECT_NE(plan[0]["shard"], "none") << plan[0].dump();
+      EXPECT_EQ(cfg["memory"]["shard"], plan[0]["shard"]);
+      EXPECT_EQ(plan[0]["optimizer_state"], "fp32");
+    } else {
+      EXPECT_EQ(plan[0]["optimizer_state"], "int8") << plan[0].dump();
+      EXPECT_EQ(cfg["memory"]["optimizer_state"], "int8");
+    }
+    expect_steps_within(out, budget, 6);
+    // The plan's predicted peak bounds what the steps measured (Note [Model state in the
+    // plan]: the savings are taken off the unsharded probe's peak, which may fall where the
+    // option saves less, and sharded gradients count two buckets live, here the whole model's).
+    for (const auto& s : events(out, "step"))
+      EXPECT_LE(s["peak_mem_bytes"].get<int64_t>(), plan[0]["predicted_peak_bytes"].get<int64_t>() * 102 / 100)
+          << s.dump();
+  }
+}
+
 TEST_F(Planner, AutoAndPlanNeedABudget) {
   expect_config_error("train --config " + config(3) + " --auto --out " + (dir_ / "a").string(),
                       "--auto needs a memory budget: --memory-budget SIZE (or memory.budget)");

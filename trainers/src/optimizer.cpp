@@ -215,19 +215,32 @@ int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes) {
   return t.momentum != 0 ? param_bytes : 0;
 }
 
-int64_t optimizer_state_bytes(const Config& cfg, int64_t param_bytes, int world) {
+int64_t optimizer_state_bytes(const Config& cfg, const std::vector<int64_t>& numels, int world) {
+  int64_t param_bytes = 0;
+  for (auto n : numels) param_bytes += 4 * n;
   int64_t bytes = optimizer_state_bytes(cfg.train, param_bytes);
-  // 8-bit moments: a byte per element per moment plus a float scale per block, for FP32
-  // parameters (4 bytes each); tensors under kMin8bitNumel elements stay FP32, not counted here.
-  if (cfg.memory.optimizer_state == "int8" && cfg.train.optimizer == "adamw")
-    bytes = 2 * (param_bytes / 4) + 2 * ((param_bytes / 4 + kQuantBlock - 1) / kQuantBlock) * 4;
+  if (cfg.memory.optimizer_state == "int8" && cfg.train.optimizer == "adamw") {
+    // 8-bit moments: a byte per element per moment plus a float scale per block; tensors
+    // under kMin8bitNumel elements keep FP32 moments (8 bytes an element).
+    bytes = 0;
+    for (auto n : numels)
+      bytes += n >= kMin8bitNumel ? 2 * (n + 4 * ((n + kQuantBlock - 1) / kQuantBlock)) : 8 * n;
+  }
   if (cfg.memory.shard != "none" && world > 1) bytes = (bytes + world - 1) / world;
   return bytes;
 }
 
-ModelStateBytes model_state_bytes(const Config& cfg, int64_t param_bytes, int world) {
+std::vector<int64_t> parameter_numels(torch::nn::Module& model) {
+  std::vector<int64_t> n;
+  for (const auto& p : model.parameters()) n.push_back(p.numel());
+  return n;
+}
+
+ModelStateBytes model_state_bytes(const Config& cfg, const std::vector<int64_t>& numels, int world) {
+  int64_t param_bytes = 0;
+  for (auto n : numels) param_bytes += 4 * n;
   ModelStateBytes b;
-  b.optimizer = optimizer_state_bytes(cfg, param_bytes, world);
+  b.optimizer = optimizer_state_bytes(cfg, numels, world);
   b.gradients = param_bytes;
   if (world > 1) {
     b.comm = param_bytes;

@@ -1,4 +1,5 @@
 #include "leantrain/trainers/planner.h"
+#include "leantrain/trainers/quantized_state.h"
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -116,6 +118,9 @@ Config probe_config(const Config& cfg, const std::string& precision, const std::
   pc.precision.mode = precision;
   pc.memory.activation_checkpoint = policy;
   pc.memory.budget = "0";  // the planner's own budget is in force (BudgetScope)
+  // Unsharded FP32 state: the options' savings are applied to its peaks (Note [Model state in the plan]).
+  pc.memory.shard = "none";
+  pc.memory.optimizer_state = "fp32";
   pc.train.micro_batch = micro;
   pc.train.global_batch = micro * std::min<int64_t>(accumulation, 2);
   pc.train.steps = steps;
@@ -236,30 +241,138 @@ std::vector<int64_t> candidate_micro_batches(int64_t per_rank) {
   return micros;
 }
 
-/// The bytes of the model's parameters, counted on a model built (seeded) for the count alone.
-int64_t parameter_bytes(const Config& cfg) {
-  int64_t param_bytes = 0;
+/// The element counts of the model's parameters, on a model built (seeded) for the count alone.
+std::vector<int64_t> parameter_counts(const Config& cfg) {
   torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
   auto probe_model = models::build_model(cfg.model);
-  for (const auto& p : probe_model->parameters()) param_bytes += static_cast<int64_t>(p.nbytes());
-  return param_bytes;
+  return parameter_numels(*probe_model);
 }
 
 // Note [Budget minimum] in trainer.cpp, for the planner: the fixed part of every candidate.
 /// What is allocated now (data and buffers), the parameters, their gradients, the optimizer
 /// state and the gradient buckets (comm_bytes). A ConfigError when the budget is below it.
+/// `saving`: what the most saving model-state option takes off it (Note [Model state in the plan]).
 int64_t checked_fixed_minimum(const TrainConfig& t, const MemoryMeter& meter, int64_t param_bytes,
-                              int64_t comm_bytes, int64_t budget) {
+                              int64_t comm_bytes, int64_t budget, int64_t saving, const std::string& saver) {
   const int64_t fixed_minimum = meter.stats().current_bytes + param_bytes /*parameters*/ +
                                 param_bytes /*gradients*/ + optimizer_state_bytes(t, param_bytes) + comm_bytes;
-  if (budget < fixed_minimum)
+  if (budget < fixed_minimum - saving)
     throw ConfigError("memory.budget = " + bytes_text(budget) + " is below the fixed part of every candidate, " +
-                      bytes_text(fixed_minimum) + " (parameters " + format_bytes(param_bytes) +
+                      bytes_text(fixed_minimum - saving) + " (parameters " + format_bytes(param_bytes) +
                       ", gradients " + format_bytes(param_bytes) + ", optimizer state " +
-                      format_bytes(optimizer_state_bytes(t, param_bytes)) +
-                      ", data and buffers): give --memory-budget at least " + std::to_string(fixed_minimum) +
+                      format_bytes(optimizer_state_bytes(t, param_bytes)) + ", data and buffers" +
+                      (saving > 0 ? "; less " + format_bytes(saving) + " under memory.shard/optimizer_state " + saver
+                                  : std::string()) +
+                      "): give --memory-budget at least " + std::to_string(fixed_minimum - saving) +
                       " bytes plus room for activations");
   return fixed_minimum;
+}
+
+// Note [Model state in the plan]
+// Besides precision x recompute x micro-batch, a candidate runs under a model-state option:
+// memory.shard (none | optimizer | gradients, several ranks) x memory.optimizer_state (fp32 |
+// int8, AdamW), PlanOptions::states in the order of preference. What an option changes is the
+// fixed part of a rank's memory: gradients, the optimizer state and the gradient buckets
+// (model_state_bytes: the optimizer state / N, the buckets' chunks P / N and about two buckets
+// of live gradients with sharded gradients, a quarter of the moments' bytes in 8 bits), not
+// the activations. So the probes run as before, unsharded with FP32 state (rank 0 alone cannot
+// shard anyway), under the budget raised by the largest saving, and each candidate is then
+// given the first option under which its measured and predicted peaks, less that option's
+// saving, are under the limit (rows show the peaks under the option). An option is never
+// faster than the one before it: sharding moves the all-reduce's bytes (stage 1) or more
+// (stage 2 with accumulation, a reduce-scatter per micro-batch), 8-bit moments cost a
+// dequantise/quantise pass (its factor on the update time is measured at the start); so the
+// choice, the highest predicted samples/s, takes a model-state technique only when it lets a
+// faster precision, policy or micro-batch fit, or when nothing fits without it. The budget
+// minimum refused up front is the fixed part under the most saving option. The savings are
+// exact for the optimizer state (8-bit: per tensor, the small ones FP32) and the buckets'
+// chunks; sharded gradients are counted as two buckets (2 x comm.bucket_mb) of live gradients,
+// which overstates the peak of a model smaller than that (its gradients are freed bucket by
+// bucket in backward, while its activations shrink): the prediction errs on the safe side.
+
+/// The bytes each option of `states` saves per rank against the first (unsharded FP32).
+std::vector<int64_t> state_savings(const Config& cfg, const std::vector<std::string>& states,
+                                   const std::vector<int64_t>& numels, int world) {
+  auto total = [&](const std::string& state) {
+    Config c = cfg;
+    const auto slash = state.find('/');
+    c.memory.shard = state.substr(0, slash);
+    c.memory.optimizer_state = state.substr(slash + 1);
+    const auto b = model_state_bytes(c, numels, world);
+    return b.gradients + b.optimizer + b.comm;
+  };
+  const int64_t base = total("none/fp32");
+  std::vector<int64_t> out;
+  for (const auto& st : states) out.push_back(base - total(st));
+  return out;
+}
+
+/// PlanOptions::states, else the options the config allows: memory.shard and
+/// memory.optimizer_state as set, "auto" for every value (8-bit moments with AdamW only; a
+/// world of one shards nothing), in the order none < optimizer < gradients, fp32 < int8.
+std::vector<std::string> candidate_states(const Config& cfg, const PlanOptions& opt, int world) {
+  if (!opt.states.empty()) return opt.states;
+  std::vector<std::string> shards = {cfg.memory.shard}, precisions = {cfg.memory.optimizer_state};
+  if (cfg.memory.shard == "auto") shards = {"none", "optimizer", "gradients"};
+  if (world == 1) shards = {"none"};
+  if (cfg.memory.optimizer_state == "auto")
+    precisions = cfg.train.optimizer == "adamw" ? std::vector<std::string>{"fp32", "int8"} : std::vector<std::string>{"fp32"};
+  std::vector<std::string> states;
+  for (const auto& p : precisions)
+    for (const auto& sh : shards) states.push_back(sh + "/" + p);
+  return states;
+}
+
+/// How much longer an AdamW update takes with 8-bit moments than with FP32 ones, measured on
+/// 2^20 elements on the device (Note [Model state in the plan]).
+double int8_update_factor(const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  const auto o = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  const int64_t n = int64_t{1} << 20;
+  auto p = torch::randn({n}, o), g = torch::randn({n}, o), m = torch::zeros({n}, o), v = torch::zeros({n}, o);
+  auto qm = quantized_zeros(n, true, o), qv = quantized_zeros(n, false, o);
+  auto step = torch::full({}, 1.0, o);
+  auto time = [&](const std::function<void()>& f) {
+    f();  // warm-up
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 3; ++i) f();
+    if (device.is_cuda()) torch::cuda::synchronize();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double fp32 = time([&] {
+    std::vector<torch::Tensor> ps{p}, gs{g}, ms{m}, vs{v}, ss{step};
+    at::_fused_adamw_(ps, gs, ms, vs, {}, ss, 1e-3, 0.9, 0.95, 0.1, 1e-8, false, false, std::nullopt, std::nullopt);
+  });
+  const double int8 = time([&] { adamw_step_8bit(p, g, qm, qv, step, 1e-3, 0.9, 0.95, 0.1, 1e-8, std::nullopt); });
+  return fp32 > 0 ? std::max(1.0, int8 / fp32) : 1.0;
+}
+
+/// Settles each candidate's model-state option (Note [Model state in the plan]): its peaks
+/// under the first option they fit with, `fits` against the limit, and the 8-bit update's
+/// cost in its predicted samples/s.
+void assign_states(Plan& plan, const std::vector<PlanFit>& fits, double int8_factor) {
+  for (auto& row : plan.rows) {
+    size_t k = 0;
+    const bool known = row.predicted_peak >= 0;
+    for (; k + 1 < plan.states.size(); ++k) {
+      const int64_t sav = plan.state_savings[k];
+      if (known && row.predicted_peak - sav <= plan.limit && (!row.probed || row.measured_peak - sav <= plan.limit))
+        break;
+    }
+    const int64_t sav = plan.state_savings[k];
+    const auto slash = plan.states[k].find('/');
+    row.shard = plan.states[k].substr(0, slash);
+    row.optimizer_state = plan.states[k].substr(slash + 1);
+    if (row.probed) row.measured_peak -= sav;
+    if (known) row.predicted_peak -= sav;
+    if (row.floor_peak >= 0) row.floor_peak -= sav;
+    row.fits = row.fits && row.measured_peak <= plan.limit && row.predicted_peak <= plan.limit;
+    if (row.optimizer_state == "int8" && row.predicted_sps > 0)
+      for (const auto& f : fits)
+        if (f.precision == row.precision && f.policy == row.policy && f.update_s > 0)
+          row.predicted_sps = static_cast<double>(plan.global_batch) /
+                              (static_cast<double>(plan.global_batch) / row.predicted_sps + f.update_s * (int8_factor - 1));
+  }
 }
 
 /// What the probes of every (precision, policy) share, and what the pairs probed so far found.
@@ -278,10 +391,16 @@ struct Planner {
   Plan& plan;
   // The analytic attention term of each "precision/policy" (Note [Attention floor]).
   std::map<std::string, models::AttentionMemory> attention;
+  // The largest saving of the model-state options (Note [Model state in the plan]): the
+  // probes, run unsharded with FP32 state, may measure up to the limit plus this much.
+  int64_t slack = 0;
   double fastest_warmup = -1;             // per sample, over the pairs probed so far
   std::set<std::string> slow_precisions;  // Note [Slow candidates]
   std::set<std::string> none_fits_whole;  // Note [Recomputation is dominated]
 };
+
+/// What a probe (unsharded, FP32 state) may measure and still fit under some model-state option.
+int64_t probe_limit(const Planner& s) { return s.plan.limit + s.slack; }
 
 /// What the probes of one (precision, policy) measured, and where its probe order stands.
 struct PairProbes {
@@ -366,7 +485,7 @@ int next_probe(const Planner& s, const PairProbes& pp) {
   for (int i = static_cast<int>(std::min(pp.bound, pp.solo ? pp.last : s.micros.size())) - 1; i > pp.largest_fit; --i)
     if (!tried(static_cast<size_t>(i)) &&
         a + b * static_cast<double>(s.micros[static_cast<size_t>(i)]) + static_cast<double>(s.comm_bytes) <=
-            static_cast<double>(plan.limit))
+            static_cast<double>(probe_limit(s)))
       return i;
   return -1;
 }
@@ -385,7 +504,7 @@ void record_probe(Planner& s, PairProbes& pp, size_t k, const Probe& p) {
   else pp.line_xs.push_back(m), pp.peaks.push_back(static_cast<double>(p.peak));
   pp.times.push_back(p.micro_s);
   pp.updates.push_back(p.update_s);
-  if (row.measured_peak <= s.plan.limit) pp.largest_fit = std::max(pp.largest_fit, static_cast<int>(k));
+  if (row.measured_peak <= probe_limit(s)) pp.largest_fit = std::max(pp.largest_fit, static_cast<int>(k));
   else if (!off_line) pp.bound = std::min(pp.bound, k);
 }
 
@@ -464,7 +583,8 @@ void fit_pair(Planner& s, PlanFit& fit, const PairProbes& pp) {
     const double micro_s = std::max(1e-9, fit.micro_fixed_s + fit.micro_per_sample_s * m);
     row.predicted_sps = static_cast<double>(s.cfg.train.global_batch) /
                         (static_cast<double>(row.accumulation) * micro_s + fit.update_s);
-    row.fits = row.probed && row.measured_peak <= plan.limit && row.predicted_peak <= plan.limit;
+    // Under the most saving model-state option; assign_states() settles the option.
+    row.fits = row.probed && row.measured_peak <= probe_limit(s) && row.predicted_peak <= probe_limit(s);
   }
 }
 
@@ -512,7 +632,7 @@ bool prune_by_attention(const Planner& s, PairProbes& pp) {
   bool all = true;
   for (size_t k = 0; k < s.micros.size(); ++k) {
     PlanRow& row = s.plan.rows[pp.first_row + k];
-    if (row.floor_peak > s.plan.limit) {
+    if (row.floor_peak > probe_limit(s)) {
       row.attention_pruned = true;
       if (!(pp.solo && k == pp.last)) pp.bound = std::min(pp.bound, k);
     } else {
@@ -675,12 +795,22 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
 
   // The components' checks run before any data is read (the recompute policy is the planner's to pick).
   auto data = data::make_datasets(cfg.data, models::model_contract(cfg.model));
-  const int64_t param_bytes = parameter_bytes(cfg);
+  const std::vector<int64_t> numels = parameter_counts(cfg);
+  int64_t param_bytes = 0;  // FP32 parameters
+  for (auto n : numels) param_bytes += 4 * n;
   const int64_t comm_bytes = world_size > 1 ? param_bytes : 0;  // the gradient buckets' flat buffers
-  plan.fixed_minimum = checked_fixed_minimum(cfg.train, meter, param_bytes, comm_bytes, opt.budget);
+  plan.states = candidate_states(cfg, opt, world_size);
+  plan.state_savings = state_savings(cfg, plan.states, numels, world_size);
+  const int64_t slack = *std::max_element(plan.state_savings.begin(), plan.state_savings.end());
+  const std::string saver = plan.states[static_cast<size_t>(
+      std::max_element(plan.state_savings.begin(), plan.state_savings.end()) - plan.state_savings.begin())];
+  plan.fixed_minimum = checked_fixed_minimum(cfg.train, meter, param_bytes, comm_bytes, opt.budget, slack, saver);
+  bool any_int8 = false;
+  for (const auto& st : plan.states) any_int8 |= st.find("int8") != std::string::npos;
+  const double int8_factor = any_int8 ? int8_update_factor(device) : 1.0;
 
   Planner planner{cfg, ctx, opt, world_size, device, per_rank, std::move(micros), data.train, comm_bytes,
-                  param_bytes, probe_delay_from_env(), plan, {}};
+                  param_bytes, probe_delay_from_env(), plan, {}, slack};
   // The analytic attention terms (Note [Attention floor]), before the budget is in force (the
   // SDPA kernel query allocates one [1,H,T,D/H] tensor).
   for (const auto& precision : precisions)
@@ -691,9 +821,11 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
           models::attention_memory(cfg.model, device, dtype, models::CheckpointPolicy::parse(policy));
     }
   // The probes hold no gradient buckets: under mpirun their buffers come off the budget.
-  BudgetScope scope(meter, opt.budget - comm_bytes);
+  // The model-state options' savings come on top (Note [Model state in the plan]).
+  BudgetScope scope(meter, opt.budget - comm_bytes + slack);
   for (const auto& precision : precisions)
     for (const auto& policy : opt.policies) plan_pair(planner, precision, policy);
+  assign_states(plan, plan.fits, int8_factor);
   choose(planner, opt);
   return plan;
 }
@@ -705,18 +837,21 @@ Plan agree_on_plan(const Config& cfg, const RuntimeContext& ctx, comm::Communica
   // run one layout. Rank 0 plans; the others wait in the broadcast (setup deadline).
   static const std::vector<std::string> precisions = {"fp32", "bf16", "fp16"};
   static const std::vector<std::string> policies = {"none", "selective", "full"};
+  static const std::vector<std::string> shards = {"none", "optimizer", "gradients"};
+  static const std::vector<std::string> states = {"fp32", "int8"};
   auto index_of = [](const std::vector<std::string>& v, const std::string& s) {
     return static_cast<double>(std::find(v.begin(), v.end(), s) - v.begin());
   };
   Plan plan;
   std::string error;
-  auto msg = torch::zeros({5}, torch::kDouble);  // ok, precision, policy, micro_batch, accumulation
+  auto msg = torch::zeros({7}, torch::kDouble);  // ok, precision, policy, micro_batch, accumulation, shard, state
   if (comm.rank() == 0) {
     try {
       plan = make_plan(cfg, ctx, comm.size(), opt);
       const auto& c = plan.choice();
       msg = torch::tensor({1.0, index_of(precisions, c.precision), index_of(policies, c.policy),
-                           static_cast<double>(c.micro_batch), static_cast<double>(c.accumulation)},
+                           static_cast<double>(c.micro_batch), static_cast<double>(c.accumulation),
+                           index_of(shards, c.shard), index_of(states, c.optimizer_state)},
                           torch::kDouble);
     } catch (const ConfigError& e) {
       error = e.what();
@@ -740,6 +875,8 @@ Plan agree_on_plan(const Config& cfg, const RuntimeContext& ctx, comm::Communica
   row.policy = policies.at(static_cast<size_t>(msg[2].item<double>()));
   row.micro_batch = static_cast<int64_t>(msg[3].item<double>());
   row.accumulation = static_cast<int64_t>(msg[4].item<double>());
+  row.shard = shards.at(static_cast<size_t>(msg[5].item<double>()));
+  row.optimizer_state = states.at(static_cast<size_t>(msg[6].item<double>()));
   row.fits = true;
   plan.rows.push_back(row);
   plan.chosen = 0;
@@ -752,8 +889,8 @@ std::string plan_table(const Plan& plan) {
     << format_bytes(plan.limit) << " (" << fmt(100 * plan.margin, "%.0f") << "% margin), global batch "
     << plan.global_batch << " on " << plan.world_size << " rank(s)\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %-5s %-9s %6s %6s  %12s %12s  %10s %10s  %s\n", "prec", "ckpt", "micro", "accum",
-                "pred peak", "meas peak", "pred sps", "meas sps", "");
+  std::snprintf(line, sizeof line, "  %-5s %-9s %6s %6s %-14s  %12s %12s  %10s %10s  %s\n", "prec", "ckpt", "micro",
+                "accum", "state", "pred peak", "meas peak", "pred sps", "meas sps", "");
   o << line;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const auto& r = plan.rows[i];
@@ -771,9 +908,10 @@ std::string plan_table(const Plan& plan) {
     const std::string psps = r.predicted_sps > 0 ? fmt(r.predicted_sps, "%.1f") : "-";
     const std::string msps = r.measured_sps > 0 ? fmt(r.measured_sps, "%.1f") : "-";
     const std::string mark = static_cast<int>(i) == plan.chosen ? "<- chosen" : (r.fits ? "fits" : "");
-    std::snprintf(line, sizeof line, "  %-5s %-9s %6lld %6lld  %12s %12s  %10s %10s  %s\n", r.precision.c_str(),
+    const std::string state = r.shard + "/" + r.optimizer_state;
+    std::snprintf(line, sizeof line, "  %-5s %-9s %6lld %6lld %-14s  %12s %12s  %10s %10s  %s\n", r.precision.c_str(),
                   r.policy.c_str(), static_cast<long long>(r.micro_batch), static_cast<long long>(r.accumulation),
-                  pred.c_str(), meas.c_str(), psps.c_str(), msps.c_str(), mark.c_str());
+                  state.c_str(), pred.c_str(), meas.c_str(), psps.c_str(), msps.c_str(), mark.c_str());
     o << line;
   }
   o << "fits (peak = fixed + per_sample x micro_batch):\n";
@@ -819,6 +957,7 @@ std::vector<std::string> plan_overrides(const Plan& plan) {
   const auto& c = plan.choice();
   return {"precision.mode=" + c.precision, "memory.activation_checkpoint=" + c.policy,
           "train.micro_batch=" + std::to_string(c.micro_batch), "train.global_batch=" + std::to_string(plan.global_batch),
+          "memory.shard=" + c.shard, "memory.optimizer_state=" + c.optimizer_state,
           "memory.budget=" + std::to_string(plan.budget)};
 }
 
@@ -833,6 +972,8 @@ MetricFields plan_event(const Plan& plan) {
           {"activation_checkpoint", c.policy},
           {"micro_batch", c.micro_batch},
           {"accumulation", c.accumulation},
+          {"shard", c.shard},
+          {"optimizer_state", c.optimizer_state},
           {"global_batch", plan.global_batch},
           {"predicted_peak_bytes", c.predicted_peak},
           {"measured_peak_bytes", c.measured_peak},
@@ -846,6 +987,7 @@ std::string plan_to_json(const Plan& plan) {
   auto row_json = [](const PlanRow& r) {
     return nlohmann::json{{"precision", r.precision},         {"activation_checkpoint", r.policy},
                           {"micro_batch", r.micro_batch},     {"accumulation", r.accumulation},
+                          {"shard", r.shard},                 {"optimizer_state", r.optimizer_state},
                           {"probed", r.probed},               {"oom", r.oom},
                           {"slow", r.slow},
                           {"skipped", r.skipped},
@@ -863,6 +1005,8 @@ std::string plan_to_json(const Plan& plan) {
   j["slow_factor"] = plan.slow_factor;
   j["limit_bytes"] = plan.limit;
   j["fixed_minimum_bytes"] = plan.fixed_minimum;
+  j["states"] = plan.states;
+  j["state_savings_bytes"] = plan.state_savings;
   j["world_size"] = plan.world_size;
   j["global_batch"] = plan.global_batch;
   j["device"] = plan.device;

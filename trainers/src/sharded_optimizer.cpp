@@ -64,9 +64,10 @@ torch::Tensor step_count(int64_t step, const torch::Device& device) {
   return torch::full({}, static_cast<double>(step), torch::TensorOptions().dtype(torch::kFloat).device(device));
 }
 
-// The parameter-shaped tensor (in the parameter's layout) holding `flat`, its memory-order values.
-torch::Tensor shaped_like(const torch::Tensor& param, const torch::Tensor& flat) {
-  auto out = torch::empty_like(param, torch::MemoryFormat::Preserve).requires_grad_(false);
+// The parameter-shaped tensor (in the parameter's layout) holding `flat`, its memory-order
+// values, on `device`.
+torch::Tensor shaped_like(const torch::Tensor& param, const torch::Tensor& flat, const torch::Device& device) {
+  auto out = torch::empty_like(param, param.options().device(device).requires_grad(false), torch::MemoryFormat::Preserve);
   comm::memory_order_view(out).copy_(flat);
   return out;
 }
@@ -115,7 +116,7 @@ torch::Tensor ShardedOptimizer::piece_grad(const Piece& p) const {
   // out as the parameter; anything else is copied into that layout first).
   if (g.strides() == p.where.param.strides() && g.is_non_overlapping_and_dense())
     return comm::memory_order_view(g).narrow(0, p.where.offset, p.where.numel);
-  return comm::memory_order_view(shaped_like(p.where.param, comm::memory_order_view(g.contiguous())))
+  return comm::memory_order_view(shaped_like(p.where.param, comm::memory_order_view(g.contiguous()), g.device()))
       .narrow(0, p.where.offset, p.where.numel);
 }
 
@@ -216,11 +217,12 @@ std::vector<NamedTensor> ShardedOptimizer::full_state(const std::vector<std::pai
   std::vector<std::string> keys;
   if (adamw_) keys = {"exp_avg", "exp_avg_sq"};
   else keys = {"momentum_buffer"};
-  // The FP32 values of state `k` of piece p (dequantised), or undefined.
+  // The FP32 values of state `k` of piece p (dequantised) in host memory, or undefined: the
+  // full state is built on the host, a piece at a time on the device.
   auto value = [&](const Piece& p, size_t k) -> torch::Tensor {
-    if (p.quantized) return dequantize8(k == 0 ? p.qm : p.qv);
+    if (p.quantized) return dequantize8(k == 0 ? p.qm : p.qv).cpu();
     const auto& t = k == 0 ? p.m : p.v;
-    return t.defined() ? t : torch::Tensor();
+    return t.defined() ? t.cpu() : torch::Tensor();
   };
   std::map<const void*, size_t> index;
   for (size_t i = 0; i < named.size(); ++i) index[named[i].second.unsafeGetTensorImpl()] = i;
@@ -237,7 +239,7 @@ std::vector<NamedTensor> ShardedOptimizer::full_state(const std::vector<std::pai
     stateful = flag.item<double>() > 0;
     if (!stateful) return out;
     for (size_t k = 0; k < keys.size(); ++k) {
-      auto chunks = sync_.chunk_buffers(torch::TensorOptions().dtype(torch::kFloat).device(named.front().second.device()));
+      auto chunks = sync_.chunk_buffers(torch::TensorOptions().dtype(torch::kFloat));  // host: over MPI
       for (const auto& p : pieces_) {
         const auto v = value(*p, k);
         if (v.defined()) chunks[p->where.bucket].narrow(0, p->where.chunk_offset, p->where.numel).copy_(v);
@@ -261,7 +263,7 @@ std::vector<NamedTensor> ShardedOptimizer::full_state(const std::vector<std::pai
     if (adamw_) out.push_back({name + "/step", torch::full({}, steps[i], torch::TensorOptions().dtype(torch::kLong))});
     for (size_t k = 0; k < keys.size(); ++k)
       if (per_key[k][i].defined())
-        out.push_back({name + "/" + keys[k], shaped_like(param, per_key[k][i]).cpu().contiguous()});
+        out.push_back({name + "/" + keys[k], shaped_like(param, per_key[k][i], torch::kCPU).contiguous()});
   }
   return out;
 }
@@ -281,9 +283,11 @@ void ShardedOptimizer::load_full_state(
       const torch::Tensor* full = find(name, key);
       if (!full) throw CheckpointError("optimizer state " + name + "/" + key + " is missing");
       if (full->sizes() != param.sizes()) throw CheckpointError("optimizer state " + name + "/" + key + " has the wrong shape");
-      auto laid = torch::empty_like(param, torch::MemoryFormat::Preserve).requires_grad_(false);
+      auto laid = torch::empty_like(param, param.options().device(torch::kCPU).requires_grad(false),
+                                    torch::MemoryFormat::Preserve);
       laid.copy_(*full);
-      return comm::memory_order_view(laid).narrow(0, p.where.offset, p.where.numel).clone();
+      return comm::memory_order_view(laid).narrow(0, p.where.offset, p.where.numel).to(param.device(), /*non_blocking=*/false,
+                                                                                       /*copy=*/true);
     };
     if (adamw_) {
       const torch::Tensor* step = find(name, "step");

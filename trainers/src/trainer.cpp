@@ -149,6 +149,11 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
     throw ConfigError("train.global_batch = " + std::to_string(t.global_batch) + " must be a multiple of " +
                       std::to_string(world_) + " ranks x train.micro_batch " + std::to_string(t.micro_batch));
   check_precision_supported(cfg_.precision.mode, device_);
+  for (const auto& [key, value] : {std::pair<std::string, std::string>{"memory.shard", cfg_.memory.shard},
+                                   {"memory.optimizer_state", cfg_.memory.optimizer_state}})
+    if (value == "auto")
+      throw ConfigError(key + " = 'auto' is the planner's to choose: run `leantrain train --auto` (or `leantrain "
+                              "plan`), or set a value");
   hold_grads_ = opt_.hold_gradients.value_or(world_ > 1);
   micro_ = t.micro_batch;
   accum_ = accumulation_steps(t, world_);
@@ -211,7 +216,7 @@ void Trainer::check_budget() {
   budget_ = parse_bytes(cfg_.memory.budget);
   if (budget_ <= 0) return;
   const int64_t now = meter_.stats().current_bytes;
-  const auto mb = model_state_bytes(cfg_, param_bytes_, world_);
+  const auto mb = model_state_bytes(cfg_, parameter_numels(*parts_.model), world_);
   budget_minimum_ = now + mb.comm + mb.gradients + mb.optimizer;
   if (budget_ < budget_minimum_)
     throw ConfigError("memory.budget = " + bytes_text(budget_) + " is below the " + bytes_text(budget_minimum_) +
@@ -636,9 +641,21 @@ void Trainer::maybe_checkpoint(const StepResult& r) {
   if (ckpt_dir_.empty()) return;
   const auto c0 = Clock::now();
   // Sharded optimizer state is gathered to rank 0 by every rank (Note [Sharded checkpoints]).
+  // That state, and 8-bit moments dequantised, is built in host memory for the write: on a
+  // GPU outside the device's budget, so on the CPU, where the budget stands for a device's
+  // memory, outside it too (the tracking allocator's limit is lifted until the file is
+  // written; the process's peak RSS includes it).
+  auto* sharded = dynamic_cast<ShardedOptimizer*>(optimizer_.get());
+  struct LiftBudget {
+    MemoryMeter& meter;
+    int64_t budget;
+    ~LiftBudget() {
+      if (budget > 0) meter.set_budget(budget);
+    }
+  } lift{meter_, sharded && budget_ > 0 && !ctx_.on_cuda() ? budget_ : 0};
+  if (lift.budget > 0) meter_.set_budget(0);
   std::optional<std::vector<checkpoint_io::NamedTensor>> gathered;
-  if (auto* s = dynamic_cast<ShardedOptimizer*>(optimizer_.get()); s && s->sharded())
-    gathered = s->full_state(named_parameters_of(*parts_.model), 0);
+  if (sharded && sharded->sharded()) gathered = sharded->full_state(named_parameters_of(*parts_.model), 0);
   if (rank_ != 0) return;
   const auto fault = hooks_->checkpoint_fault(r.step, rank_);
   // Note [Checkpoints under a CPU budget]: the background writer's copy of the state

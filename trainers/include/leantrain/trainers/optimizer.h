@@ -3,6 +3,7 @@
 // probes, and the state it will allocate.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
@@ -67,8 +68,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, to
 /// parameter, SGD one momentum buffer (none without momentum).
 int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes);
 /// The same for this run's memory.optimizer_state and memory.shard on `world` ranks (one
-/// rank's share; 8-bit: ~0.25x of FP32).
-int64_t optimizer_state_bytes(const Config& cfg, int64_t param_bytes, int world);
+/// rank's share; 8-bit: ~0.25x of FP32 for tensors of at least kMin8bitNumel elements), for
+/// FP32 parameters of `numels` elements each.
+int64_t optimizer_state_bytes(const Config& cfg, const std::vector<int64_t>& numels, int world);
 
 /// What model state a rank holds besides the parameters (Note [Budget minimum]).
 struct ModelStateBytes {
@@ -76,9 +78,11 @@ struct ModelStateBytes {
   int64_t optimizer = 0;  // this rank's share of the optimizer state
   int64_t comm = 0;       // persistent communication buffers: the buckets, or this rank's chunks of them
 };
-/// For `param_bytes` of FP32 parameters under cfg's memory.shard / memory.optimizer_state on
-/// `world` ranks.
-ModelStateBytes model_state_bytes(const Config& cfg, int64_t param_bytes, int world);
+/// For FP32 parameters of `numels` elements each under cfg's memory.shard /
+/// memory.optimizer_state on `world` ranks.
+ModelStateBytes model_state_bytes(const Config& cfg, const std::vector<int64_t>& numels, int world);
+/// The element counts of a model's parameters.
+std::vector<int64_t> parameter_numels(torch::nn::Module& model);
 
 /// Bytes the optimizer's state tensors hold now (AdamW moments, SGD momentum buffers): 0
 /// before the first update.

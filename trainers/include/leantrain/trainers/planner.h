@@ -32,12 +32,20 @@ struct PlanOptions {
   // ... and whose warm-up forward took at least this long per sample: below it a probe is
   // cheap, and the first forward's one-time costs (autocast, kernel set-up) dominate it.
   double slow_min_s = 0.5;
+  // Model-state options, "shard/optimizer_state" (memory.shard, memory.optimizer_state), in the
+  // order of preference: a candidate runs under the first one it fits with (Note [Model state
+  // in the plan]). Empty: the config's values, "auto" standing for every value (none,
+  // optimizer, gradients on several ranks; fp32, int8 with AdamW), FP32 state first.
+  std::vector<std::string> states;
 };
 
 /// One candidate: probed (measured) or, past a pruned point, predicted only.
 struct PlanRow {
   std::string precision, policy;
   int64_t micro_batch = 0, accumulation = 0;
+  // The model-state option it runs under (memory.shard, memory.optimizer_state): the first of
+  // PlanOptions::states under which its peaks fit, else the last; its peaks are under it.
+  std::string shard = "none", optimizer_state = "fp32";
   bool probed = false;           // measured
   bool oom = false;              // its probe ran out of memory under the budget
   bool slow = false;             // not probed: its (precision, policy) was found slow
@@ -89,7 +97,9 @@ struct Plan {
   double slow_factor = 0;  // PlanOptions::slow_factor
   int world_size = 1;
   int64_t global_batch = 0;
-  int64_t fixed_minimum = 0;  // parameters + gradients + optimizer state (+ what is allocated)
+  int64_t fixed_minimum = 0;  // parameters + gradients + optimizer state (+ what is allocated), unsharded FP32
+  std::vector<std::string> states;      // PlanOptions::states as searched
+  std::vector<int64_t> state_savings;   // bytes each saves per rank against the first (Note [Model state in the plan])
   std::string device;
   std::vector<PlanRow> rows;
   std::vector<PlanFit> fits;
@@ -113,7 +123,7 @@ std::string plan_table(const Plan& plan);
 /// candidate and every fit.
 std::string plan_to_json(const Plan& plan);
 /// The --set overrides of the choice (precision.mode, memory.activation_checkpoint,
-/// train.micro_batch, train.global_batch, memory.budget).
+/// train.micro_batch, train.global_batch, memory.shard, memory.optimizer_state, memory.budget).
 std::vector<std::string> plan_overrides(const Plan& plan);
 /// The `plan` metrics event: budget, margin, the choice and its predicted/measured numbers.
 MetricFields plan_event(const Plan& plan);
