@@ -170,19 +170,24 @@ std::unique_ptr<Work> MpiCommunicator::allreduce_sum_async(torch::Tensor t) {
   return work;
 }
 
-// MPI_Ireduce_scatter_block into a receive buffer of one chunk, copied into this rank's chunk
-// of `t` on completion (MPI's in-place variant leaves the result at the start of the buffer,
-// over chunk 0 that may be another rank's: a chunk-sized buffer is simpler and as cheap).
+// MPI_Ireduce_scatter_block in place: MPI leaves this rank's sums at the start of the buffer
+// (over chunk 0, whose values the contract leaves unspecified on the other ranks), and on
+// completion they are moved to this rank's chunk. No receive buffer: a chunk per bucket in
+// flight would be transient memory the planner does not count.
 std::unique_ptr<Work> MpiCommunicator::reduce_scatter_sum_async(torch::Tensor t) {
   auto mine = shard_chunk(t, rank_, size_);
   bool staged = false;
   auto buf = host_buffer(t, staged);
-  auto recv = torch::empty({mine.numel()}, buf.options());
+  const int64_t c = mine.numel();
+  const int r = rank_;
   auto work = std::make_unique<MpiWork>(*this, "reduce-scatter", static_cast<int64_t>(buf.nbytes()),
-                                        std::vector<torch::Tensor>{buf, recv},
-                                        [mine, recv]() mutable { mine.copy_(recv); });
-  MPI_Ireduce_scatter_block(buf.data_ptr(), recv.data_ptr(), static_cast<int>(recv.numel()), mpi_type(buf.scalar_type()),
-                            MPI_SUM, MPI_COMM_WORLD, work->request());
+                                        std::vector<torch::Tensor>{buf}, [mine, buf, c, r, staged]() mutable {
+                                          // Chunks 0 and r do not overlap for r > 0; for r = 0
+                                          // unstaged, the sums are where they belong already.
+                                          if (staged || r > 0) mine.copy_(buf.reshape({-1}).narrow(0, 0, c));
+                                        });
+  MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf.data_ptr(), static_cast<int>(c), mpi_type(buf.scalar_type()), MPI_SUM,
+                            MPI_COMM_WORLD, work->request());
   ++stats_.reduce_scatter_calls;
   stats_.reduce_scatter_bytes += static_cast<int64_t>(buf.nbytes());
   return work;

@@ -111,12 +111,13 @@ TEST(GradientSync, ChannelsLastGradientsKeepTheirLayout) {
 // A world of one whose "sum" doubles the tensor (two identical ranks), completed only in
 // wait() or after a few test() calls, like a real collective in flight. It records, for each
 // all-reduce, its size, what it was handed to sum (a copy, taken at the call) and how many of
-// the watched parameters had a gradient by then.
+// the watched parameters had a gradient by then (a defined, non-zero one: from the buckets'
+// allocation on, a parameter's .grad is its zeroed slot until backward writes it).
 class RecordingComm final : public lt::comm::Communicator {
  public:
   struct Call {
     int64_t numel;
-    size_t grads_defined;
+    size_t grads_computed;
     torch::Tensor sent;
   };
   std::vector<Call> calls;
@@ -161,7 +162,7 @@ class RecordingComm final : public lt::comm::Communicator {
 
   void record(const torch::Tensor& t) {
     size_t defined = 0;
-    for (auto& p : watched) defined += p.grad().defined() ? 1 : 0;
+    for (auto& p : watched) defined += p.grad().defined() && p.grad().ne(0).any().item<bool>() ? 1 : 0;
     calls.push_back({t.numel(), defined, t.detach().clone()});
     ++stats_.allreduce_calls;
     stats_.allreduce_bytes += static_cast<int64_t>(t.nbytes());
@@ -217,8 +218,8 @@ TEST(GradientSyncOverlap, StartsBucketsInsideBackwardOncePerBucketInOrder) {
   EXPECT_EQ(sync.last_times().started_in_backward, static_cast<int64_t>(comm.calls.size()));
   EXPECT_EQ(comm.calls.size(), sync.num_buckets());  // every parameter is used: all started
   // The first bucket (the last layer) started while the first layer's gradient did not exist yet.
-  EXPECT_LT(comm.calls.front().grads_defined, params.size());
-  EXPECT_FALSE(comm.calls.empty() || comm.calls.front().grads_defined == 0);
+  EXPECT_LT(comm.calls.front().grads_computed, params.size());
+  EXPECT_FALSE(comm.calls.empty() || comm.calls.front().grads_computed == 0);
   sync.finish(comm);
   ASSERT_EQ(comm.calls.size(), sync.num_buckets());  // exactly one all-reduce per bucket
   // In bucket order: call k carries bucket k's gradients, in that bucket's member order.

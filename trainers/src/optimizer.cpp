@@ -243,12 +243,15 @@ ModelStateBytes model_state_bytes(const Config& cfg, const std::vector<int64_t>&
   b.optimizer = optimizer_state_bytes(cfg, numels, world);
   b.gradients = param_bytes;
   if (world > 1) {
+    // The buckets; the gradients live in them from the first backward on (Note [Gradients as
+    // bucket views] in comm/src/grad_sync.cpp).
     b.comm = param_bytes;
+    b.gradients = 0;
     if (cfg.memory.shard == "gradients") {
-      // The chunk accumulators, and at most about two buckets' gradients alive at once (the
-      // one being filled by backward and the one in flight).
+      // The chunk accumulators, and live gradients of about three buckets: the one backward is
+      // filling and the two in flight (Note [Sharded model state]).
       b.comm = (param_bytes + world - 1) / world;
-      b.gradients = std::min(param_bytes, static_cast<int64_t>(2 * cfg.comm.bucket_mb * 1048576.0));
+      b.gradients = std::min(param_bytes, static_cast<int64_t>(3 * cfg.comm.bucket_mb * 1048576.0));
     }
   }
   return b;

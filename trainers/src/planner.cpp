@@ -273,9 +273,11 @@ int64_t checked_fixed_minimum(const TrainConfig& t, const MemoryMeter& meter, in
 // memory.shard (none | optimizer | gradients, several ranks) x memory.optimizer_state (fp32 |
 // int8, AdamW), PlanOptions::states in the order of preference. What an option changes is the
 // fixed part of a rank's memory: gradients, the optimizer state and the gradient buckets
-// (model_state_bytes: the optimizer state / N, the buckets' chunks P / N and about two buckets
-// of live gradients with sharded gradients, a quarter of the moments' bytes in 8 bits), not
-// the activations. So the probes run as before, unsharded with FP32 state (rank 0 alone cannot
+// (model_state_bytes: the optimizer state / N, the buckets' chunks P / N and about three
+// buckets of live gradients with sharded gradients, a quarter of the moments' bytes in 8
+// bits), not the activations. A probe holds its gradients, the FP32 state and (counted on top)
+// the buckets; a multi-rank run keeps its gradients in the buckets, so every option, none/fp32
+// too, saves at least that copy. So the probes run as before, unsharded with FP32 state (rank 0 alone cannot
 // shard anyway), under the budget raised by the largest saving, and each candidate is then
 // given the first option under which its measured and predicted peaks, less that option's
 // saving, are under the limit (rows show the peaks under the option). An option is never
@@ -286,11 +288,11 @@ int64_t checked_fixed_minimum(const TrainConfig& t, const MemoryMeter& meter, in
 // faster precision, policy or micro-batch fit, or when nothing fits without it. The budget
 // minimum refused up front is the fixed part under the most saving option. The savings are
 // exact for the optimizer state (8-bit: per tensor, the small ones FP32) and the buckets'
-// chunks; sharded gradients are counted as two buckets (2 x comm.bucket_mb) of live gradients,
+// chunks; sharded gradients are counted as three buckets (3 x comm.bucket_mb) of live gradients,
 // which overstates the peak of a model smaller than that (its gradients are freed bucket by
 // bucket in backward, while its activations shrink): the prediction errs on the safe side.
 
-/// The bytes each option of `states` saves per rank against the first (unsharded FP32).
+/// The bytes each option of `states` saves per rank against what the probes hold.
 std::vector<int64_t> state_savings(const Config& cfg, const std::vector<std::string>& states,
                                    const std::vector<int64_t>& numels, int world) {
   auto total = [&](const std::string& state) {
@@ -301,7 +303,12 @@ std::vector<int64_t> state_savings(const Config& cfg, const std::vector<std::str
     const auto b = model_state_bytes(c, numels, world);
     return b.gradients + b.optimizer + b.comm;
   };
-  const int64_t base = total("none/fp32");
+  // What a probe holds: its gradients (kept across steps for a multi-rank candidate), the
+  // FP32 optimizer state, and the buckets counted on top (comm_bytes). A real multi-rank run
+  // keeps its gradients in the buckets, so even "none/fp32" saves one copy there.
+  int64_t param_bytes = 0;
+  for (auto n : numels) param_bytes += 4 * n;
+  const int64_t base = param_bytes + optimizer_state_bytes(cfg.train, param_bytes) + (world > 1 ? param_bytes : 0);
   std::vector<int64_t> out;
   for (const auto& st : states) out.push_back(base - total(st));
   return out;

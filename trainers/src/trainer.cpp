@@ -209,13 +209,17 @@ Trainer::~Trainer() {
 
 // Note [Budget minimum]: what a step holds before its first activation: everything
 // allocated now (parameters, buffers, any tensor a data set holds), the communication
-// buffers (world > 1: one flat copy of the gradients), and the gradients and the optimizer
-// state the first step allocates. A budget below that cannot run a single sample; it is
-// refused here, before the run writes anything.
+// buffers (world > 1: one flat copy of the gradients, which then hold the gradients
+// themselves), and the gradients (one rank) and the optimizer state the first step
+// allocates, under memory.shard / memory.optimizer_state (model_state_bytes: the optimizer
+// state / N, sharded gradients as this rank's chunks plus three buckets in flight, 8-bit
+// moments). A budget below that cannot run a single sample; it is refused here, before the
+// run writes anything.
 void Trainer::check_budget() {
   budget_ = parse_bytes(cfg_.memory.budget);
   if (budget_ <= 0) return;
-  const int64_t now = meter_.stats().current_bytes;
+  // The buckets, if a sharded optimizer allocated them already, are counted as such below.
+  const int64_t now = meter_.stats().current_bytes - grad_sync_->buffer_bytes();
   const auto mb = model_state_bytes(cfg_, parameter_numels(*parts_.model), world_);
   budget_minimum_ = now + mb.comm + mb.gradients + mb.optimizer;
   if (budget_ < budget_minimum_)

@@ -99,7 +99,7 @@ struct Plan {
   int64_t global_batch = 0;
   int64_t fixed_minimum = 0;  // parameters + gradients + optimizer state (+ what is allocated), unsharded FP32
   std::vector<std::string> states;      // PlanOptions::states as searched
-  std::vector<int64_t> state_savings;   // bytes each saves per rank against the first (Note [Model state in the plan])
+  std::vector<int64_t> state_savings;   // bytes each saves per rank against the probes (Note [Model state in the plan])
   std::string device;
   std::vector<PlanRow> rows;
   std::vector<PlanFit> fits;
