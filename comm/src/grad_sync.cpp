@@ -77,6 +77,12 @@ bool is_slot(const torch::Tensor& g, const torch::Tensor& slot, const torch::Ten
          g.scalar_type() == slot.scalar_type();
 }
 
+// Whether gradient g (maybe undefined) has p's dense layout, as p's bucket slot would hold it.
+bool is_slot_layout(const torch::Tensor& g, const torch::Tensor& p) {
+  return g.defined() && g.scalar_type() == p.scalar_type() && g.sizes() == p.sizes() && g.strides() == p.strides() &&
+         g.is_non_overlapping_and_dense();
+}
+
 // A tensor shaped as p on the memory of contiguous `slot`, in p's layout, sharing its storage
 // but not an autograd view of it (Note [Gradients as bucket views]).
 torch::Tensor alias(const torch::Tensor& slot, const torch::Tensor& p) {
@@ -304,7 +310,7 @@ void GradientSync::allgather_params(Communicator& comm) {
   // Copies a bucket into its parameters once its all-gather is done.
   auto unpack = [&](Bucket& b) {
     b.work->wait();
-    for (size_t k = 0; k < b.members.size(); ++k) {
+    for (size_t k = 0; k < b.members.size() && !(stage_ == ShardStage::kGradients && sole_member(b)); ++k) {
       const auto& p = params_[b.members[k]];
       memory_order_view(p).copy_(b.flat.narrow(0, b.offsets[k], p.numel()));
     }
@@ -313,6 +319,14 @@ void GradientSync::allgather_params(Communicator& comm) {
   };
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
+    if (stage_ == ShardStage::kGradients && sole_member(b)) {
+      // One parameter, no padding: the all-gather runs in its own memory (this rank's chunk
+      // holds its update already), with no transient bucket and no copy.
+      b.flat = memory_order_view(params_[b.members.front()]);
+      b.work = comm.allgather_async(b.flat);
+      if (i >= 2) unpack(buckets_[i - 2]);
+      continue;
+    }
     if (stage_ == ShardStage::kGradients) b.flat = torch::zeros({b.padded}, params_[b.members.front()].options().requires_grad(false));
     const int64_t c = b.padded / world_, lo = rank_ * c, hi = lo + c;
     for (size_t k = 0; k < b.members.size(); ++k) {  // this rank's updated elements into its chunk
@@ -366,11 +380,19 @@ void GradientSync::start_ready_buckets() {
       wait_and_accumulate(buckets_[oldest_in_flight_]);
       ++oldest_in_flight_;
     }
-    if (transient) {
+    bool packed = false;
+    if (transient && sole_member(b) && is_slot_layout(params_[b.members.front()].grad(), params_[b.members.front()])) {
+      // A bucket of one parameter whose gradient is laid out as its slot would be (the tied
+      // embedding, 154 MB in GPT-2): the gradient is the bucket, no copy.
+      auto& p = params_[b.members.front()];
+      b.flat = memory_order_view(p.grad());
+      p.mutable_grad() = torch::Tensor();
+      packed = true;
+    } else if (transient) {
       b.flat = torch::empty({b.padded}, params_[b.members.front()].options().requires_grad(false));
       b.flat.narrow(0, b.numel, b.padded - b.numel).zero_();
     }
-    for (size_t k = 0; k < b.members.size(); ++k) {
+    for (size_t k = 0; k < b.members.size() && !packed; ++k) {
       auto& p = params_[b.members[k]];
       auto slot = b.flat.narrow(0, b.offsets[k], p.numel());
       const auto& g = p.grad();

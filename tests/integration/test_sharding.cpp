@@ -177,6 +177,10 @@ TEST_F(Sharding, BadValuesAreConfigErrors) {
   auto sgd8 = run_cmd(train(1, cfg, "--set memory.optimizer_state=int8 --set train.optimizer=sgd", "sgd8"));
   EXPECT_EQ(sgd8.code, 2);
   EXPECT_NE(sgd8.err.find("memory.optimizer_state"), std::string::npos) << sgd8.err;
+  // "auto" is the planner's: refused by a plain train.
+  auto unplanned = run_cmd(train(1, cfg, "--set memory.shard=auto", "auto"));
+  EXPECT_EQ(unplanned.code, 2);
+  EXPECT_NE(unplanned.err.find("memory.shard = 'auto' is the planner's to choose"), std::string::npos) << unplanned.err;
   // A world of one runs memory.shard as none, and says so.
   auto one = run_cmd(train(1, cfg, "--set memory.shard=optimizer", "one"));
   EXPECT_EQ(one.code, 0) << one.err;

@@ -140,6 +140,8 @@ class GradientSync {
   void poll();
   void reset_step();
   void wait_and_accumulate(Bucket& b);  // kGradients: a bucket's reduce-scatter done, its chunk summed
+  // One parameter and no padding: its gradient / its memory can be the bucket itself.
+  static bool sole_member(const Bucket& b) { return b.members.size() == 1 && b.padded == b.numel; }
 
   std::vector<torch::Tensor> params_;  // reverse parameter order (roughly backward's)
   std::vector<Bucket> buckets_;
