@@ -301,7 +301,8 @@ void GradientSync::wait_and_accumulate(Bucket& b) {
   const auto mine = shard_chunk(b.flat, rank_, world_);
   if (first_in_step_) b.shard.copy_(mine);
   else b.shard.add_(mine);
-  b.flat = torch::Tensor();  // the transient bucket
+  b.flat = torch::Tensor();  // the transient bucket: freed now, with the Work that held it
+  b.work.reset();
 }
 
 void GradientSync::allgather_params(Communicator& comm) {

@@ -143,6 +143,10 @@ class MpiWork final : public Work {
  private:
   void complete() {
     if (on_done_) on_done_();
+    // Release the buffers now, also those the completion captured: a Work may live on after
+    // its collective (GradientSync keeps it to the end of the step), and a transient bucket
+    // must be freed when its reduce-scatter is done, not then.
+    on_done_ = nullptr;
     keep_.clear();
     done_ = true;
   }

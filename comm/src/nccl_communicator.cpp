@@ -552,62 +552,55 @@ std::vector<torch::Tensor> NcclCommunicator::allgather(const torch::Tensor& t) {
   return parts;
 }
 
-// ncclReduceScatter in place: the output is this rank's chunk of the input buffer, which NCCL
-// allows (recvbuff == sendbuff + rank * recvcount).
-std::unique_ptr<Work> NcclCommunicator::reduce_scatter_sum_async(torch::Tensor t) {
-  auto& m = *impl_;
-  if (!t.is_cuda()) {
-    ++stats_.reduce_scatter_calls;
-    stats_.reduce_scatter_bytes += static_cast<int64_t>(t.nbytes());
-    return m.mpi->reduce_scatter_sum_async(t);
-  }
-  m.check_tensor(t, "reduce-scatter", true);
-  const int64_t chunk = shard_chunk(t, m.rank, m.size).numel();
-  ++stats_.reduce_scatter_calls;
-  stats_.reduce_scatter_bytes += static_cast<int64_t>(t.nbytes());
-  m.step = step();
+namespace {
+
+// A sharded collective on the comm stream over t's contiguous buffer (t itself, or a copy
+// written back in wait()); `call` issues the NCCL call on it.
+template <class Call>
+std::unique_ptr<Work> in_place_collective(NcclCommunicator::Impl& m, int64_t step, const torch::Tensor& t,
+                                          const char* what, bool reduce, Call&& call) {
+  m.check_tensor(t, what, reduce);
+  m.step = step;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(m.device));
   auto buf = t.is_contiguous() ? t : t.contiguous();
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;
   if (!buf.is_same(t)) copy_back.emplace_back(t, buf);
-  const auto type = static_cast<ncclDataType_t>(nccl_data_type(buf.scalar_type()));
-  auto p = m.launch("reduce-scatter", static_cast<int64_t>(buf.nbytes()), {buf}, [&] {
-    if (chunk > 0) {
-      auto* base = static_cast<char*>(buf.data_ptr());
-      m.nccl_check(ncclReduceScatter(base, base + m.rank * chunk * buf.element_size(), static_cast<size_t>(chunk), type,
-                                     ncclSum, m.comm, m.stream),
-                   "reduce-scatter");
-    }
-  });
+  auto p = m.launch(what, static_cast<int64_t>(buf.nbytes()), {buf}, [&] { call(static_cast<char*>(buf.data_ptr()), buf); });
   return std::make_unique<NcclWork>(m, std::move(p), std::vector<torch::Tensor>{buf}, std::move(copy_back));
+}
+
+}  // namespace
+
+// ncclReduceScatter in place: the output is this rank's chunk of the input buffer, which NCCL
+// allows (recvbuff == sendbuff + rank * recvcount).
+std::unique_ptr<Work> NcclCommunicator::reduce_scatter_sum_async(torch::Tensor t) {
+  auto& m = *impl_;
+  const int64_t chunk = shard_chunk(t, rank(), size()).numel();
+  ++stats_.reduce_scatter_calls;
+  stats_.reduce_scatter_bytes += static_cast<int64_t>(t.nbytes());
+  if (!t.is_cuda()) return m.mpi->reduce_scatter_sum_async(t);
+  return in_place_collective(m, step(), t, "reduce-scatter", true, [&](char* base, const torch::Tensor& buf) {
+    if (chunk > 0)
+      m.nccl_check(ncclReduceScatter(base, base + m.rank * chunk * buf.element_size(), static_cast<size_t>(chunk),
+                                     static_cast<ncclDataType_t>(nccl_data_type(buf.scalar_type())), ncclSum, m.comm,
+                                     m.stream),
+                   "reduce-scatter");
+  });
 }
 
 // ncclAllGather in place (sendbuff == recvbuff + rank * sendcount); bytes travel as uint8.
 std::unique_ptr<Work> NcclCommunicator::allgather_async(torch::Tensor t) {
   auto& m = *impl_;
-  if (!t.is_cuda()) {
-    ++stats_.allgather_calls;
-    stats_.allgather_bytes += static_cast<int64_t>(t.nbytes());
-    return m.mpi->allgather_async(t);
-  }
-  m.check_tensor(t, "all-gather", false);
-  const int64_t chunk_bytes = shard_chunk(t, m.rank, m.size).numel() * t.element_size();
+  const int64_t chunk_bytes = shard_chunk(t, rank(), size()).numel() * t.element_size();
   ++stats_.allgather_calls;
   stats_.allgather_bytes += static_cast<int64_t>(t.nbytes());
-  m.step = step();
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(m.device));
-  auto buf = t.is_contiguous() ? t : t.contiguous();
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;
-  if (!buf.is_same(t)) copy_back.emplace_back(t, buf);
-  auto p = m.launch("all-gather", static_cast<int64_t>(buf.nbytes()), {buf}, [&] {
-    if (chunk_bytes > 0) {
-      auto* base = static_cast<char*>(buf.data_ptr());
-      m.nccl_check(ncclAllGather(base + m.rank * chunk_bytes, base, static_cast<size_t>(chunk_bytes), ncclUint8, m.comm,
-                                 m.stream),
-                   "all-gather");
-    }
+  if (!t.is_cuda()) return m.mpi->allgather_async(t);
+  return in_place_collective(m, step(), t, "all-gather", false, [&](char* base, const torch::Tensor&) {
+    if (chunk_bytes > 0)
+      m.nccl_check(
+          ncclAllGather(base + m.rank * chunk_bytes, base, static_cast<size_t>(chunk_bytes), ncclUint8, m.comm, m.stream),
+          "all-gather");
   });
-  return std::make_unique<NcclWork>(m, std::move(p), std::vector<torch::Tensor>{buf}, std::move(copy_back));
 }
 
 void NcclCommunicator::barrier() { impl_->mpi->barrier(); }

@@ -31,15 +31,8 @@ say "training at step $steps; in the hosts: $("$HOSTS" pids | awk '{print $1 ":"
 t=$(date +%s.%N)
 "$HOSTS" cut 2
 say "host 2's link cut"
-rc=
-while :; do
-  if ! kill -0 "$job" 2>/dev/null; then
-    set +e; wait "$job"; rc=$?; set -e
-    break
-  fi
-  past "$t" "$LIMIT" && break
-  sleep 0.1
-done
+wait_pid_within "$job" "$t" "$LIMIT"
+rc=$RC
 exit_s=$(elapsed "$t")
 [ -n "$rc" ] || fail "the job still runs $LIMIT s after the cut"
 say "mpirun exited with code $rc $exit_s s after the cut (last logged step $(last_step "$WORK/cut"))"

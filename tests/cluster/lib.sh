@@ -130,3 +130,19 @@ wait_job() {
   grep -q 'JobState=COMPLETED' <<<"$JOB_INFO" && grep -q 'ExitCode=0:0' <<<"$JOB_INFO" ||
     fail "job $job: $(grep -oE 'JobState=\S+|ExitCode=\S+' <<<"$JOB_INFO" | tr '\n' ' ')"
 }
+
+# wait_pid_within PID T LIMIT_S: waits until background process PID (a child of this shell)
+# exits, at most LIMIT_S seconds after time T (date +%s.%N). Sets RC to its exit code, empty
+# when it still runs then.
+wait_pid_within() {
+  local pid=$1 t=$2 limit=$3
+  RC=
+  while :; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      set +e; wait "$pid"; RC=$?; set -e
+      return
+    fi
+    past "$t" "$limit" && return
+    sleep 0.1
+  done
+}

@@ -71,15 +71,8 @@ t=$(date +%s.%N)
 kill -KILL "$victim"
 say "step $at, latest $(cat "$CKDIR/latest"): SIGKILL to rank $KILL_RANK (pid $victim in host $((KILL_RANK + 1)))"
 
-rc=
-while :; do
-  if ! kill -0 "$job" 2>/dev/null; then
-    set +e; wait "$job"; rc=$?; set -e
-    break
-  fi
-  past "$t" "$LIMIT" && break
-  sleep 0.1
-done
+wait_pid_within "$job" "$t" "$LIMIT"
+rc=$RC
 exit_s=$(elapsed "$t")
 [ -n "$rc" ] || fail "the job still runs $LIMIT s after the kill"
 killed_at=$(last_step "$OUT")

@@ -233,6 +233,10 @@ train cuda-fp16-nccl fp16 comm.backend=nccl
 TRAIN_CONFIG=fashion_mnist_resnet.toml train cuda-resnet-bf16-full bf16 memory.activation_checkpoint=full \
   model.stem=imagenet model.block=bottleneck "model.layers=[1,2]" model.width=16 data.synthetic_samples=256
 train cuda-bf16-selective bf16 memory.activation_checkpoint=selective
+# 8-bit AdamW moments on CUDA: the ATen path of the block-wise quantisation (docs/SHARDING.md;
+# the CPU runs a kernel of its own). One GPU cannot host two NCCL ranks, so the sharded
+# collectives' CUDA path (ncclReduceScatter / ncclAllGather) is not run here.
+train cuda-bf16-int8-state bf16 memory.optimizer_state=int8
 # Keep the metrics of one run (the files that come back are few).
 cp "$out/runs/cuda-fp16/metrics.jsonl" "$out/metrics-fp16.jsonl" 2>/dev/null
 rm -rf "$out/runs"

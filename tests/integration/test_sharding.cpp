@@ -169,6 +169,46 @@ TEST_F(Sharding, Int8StateIsAQuarterOfTheBytesAndTracksFp32) {
   }
 }
 
+// Stage 2 issues collectives in every micro-batch, so a rank that runs out of memory mid-step
+// must still take part in the rest of them (Note [Out-of-memory back-off]): an injected
+// out-of-memory error on rank 1 in step 3 (accumulation 2) backs both ranks off and the run
+// matches the unsharded run with the same fault. And three ranks (buckets padded to 3) in fp16
+// with the loss scaler: the same skipped steps and losses as unsharded.
+TEST_F(Sharding, BackOffFp16AndThreeRanksAgreeWithTheUnshardedRun) {
+  const std::string cfg = tiny_gpt_config(0.0, 8);
+  for (const std::string shard : {"none", "gradients"}) {
+    auto r = run_cmd("LEANTRAIN_FAULT=oom@3:1 " +
+                     train(2, cfg, "--set train.micro_batch=4 --set memory.shard=" + shard, "oom_" + shard));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(events(dir_ / ("oom_" + shard), "oom_backoff").size(), 1u) << shard;
+  }
+  const auto [a, ea] = losses_of(dir_ / "oom_none");
+  const auto [b, eb] = losses_of(dir_ / "oom_gradients");
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << "step " << i + 1;
+
+  const std::string fp16 = "--set train.global_batch=24 --set train.micro_batch=4 --set precision.mode=fp16 "
+                           "--set precision.growth_interval=3 --set memory.shard=";
+  for (const std::string shard : {"none", "optimizer", "gradients"}) {
+    auto r = run_cmd(train(3, cfg, fp16 + shard, "fp16_" + shard));
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  const auto ref = events(dir_ / "fp16_none", "step");
+  ASSERT_EQ(ref.size(), 8u);
+  for (const std::string shard : {"optimizer", "gradients"}) {
+    SCOPED_TRACE(shard);
+    const auto got = events(dir_ / ("fp16_" + shard), "step");
+    ASSERT_EQ(got.size(), 8u);
+    EXPECT_EQ(events(dir_ / ("fp16_" + shard), "skipped_step").size(), events(dir_ / "fp16_none", "skipped_step").size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_EQ(got[i]["loss_scale"], ref[i]["loss_scale"]) << "step " << i + 1;
+      EXPECT_NEAR(got[i]["loss"].get<double>(), ref[i]["loss"].get<double>(), 1e-4 * ref[i]["loss"].get<double>())
+          << "step " << i + 1;
+    }
+  }
+}
+
 TEST_F(Sharding, BadValuesAreConfigErrors) {
   const std::string cfg = tiny_gpt_config(0.0, 2);
   auto bad = run_cmd(train(1, cfg, "--set memory.shard=zero3", "bad"));
