@@ -185,29 +185,27 @@ void FusedSGD::step_scaled(const torch::Tensor& grad_scale) {
   }
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model) {
+std::vector<torch::optim::OptimizerParamGroup> optimizer_groups(const TrainConfig& t, torch::nn::Module& model) {
   // Weight decay on matrices and conv kernels only, not on biases and norm scales (the
   // GPT-2/BERT convention every peer recipe follows).
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  auto build = [&](auto options_for) {
-    using Options = typename decltype(options_for(0.0))::element_type;
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(decay, options_for(t.weight_decay));
-    groups.emplace_back(no_decay, options_for(0.0));
-    return std::make_pair(std::move(groups), Options(t.lr));
-  };
-  if (t.optimizer == "adamw") {
-    auto [groups, defaults] = build([&](double wd) {
-      return std::make_unique<torch::optim::AdamWOptions>(
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (const double wd : {t.weight_decay, 0.0}) {
+    std::unique_ptr<torch::optim::OptimizerOptions> o;
+    if (t.optimizer == "adamw")
+      o = std::make_unique<torch::optim::AdamWOptions>(
           torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(wd));
-    });
-    return std::make_unique<FusedAdamW>(std::move(groups), defaults);
+    else
+      o = std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(wd));
+    groups.emplace_back(groups.empty() ? decay : no_decay, std::move(o));
   }
-  auto [groups, defaults] = build([&](double wd) {
-    return std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(wd));
-  });
-  return std::make_unique<FusedSGD>(std::move(groups), defaults);
+  return groups;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model) {
+  if (t.optimizer == "adamw") return std::make_unique<FusedAdamW>(optimizer_groups(t, model), torch::optim::AdamWOptions(t.lr));
+  return std::make_unique<FusedSGD>(optimizer_groups(t, model), torch::optim::SGDOptions(t.lr));
 }
 
 int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes) {

@@ -37,24 +37,6 @@ struct ShardedOptimizer::Piece {
 
 namespace {
 
-std::vector<torch::optim::OptimizerParamGroup> groups_of(const TrainConfig& t, torch::nn::Module& model) {
-  // As make_optimizer: weight decay on tensors with >= 2 dimensions only.
-  std::vector<torch::Tensor> decay, no_decay;
-  for (auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  for (int g = 0; g < 2; ++g) {
-    const double wd = g == 0 ? t.weight_decay : 0.0;
-    std::unique_ptr<torch::optim::OptimizerOptions> o;
-    if (t.optimizer == "adamw")
-      o = std::make_unique<torch::optim::AdamWOptions>(
-          torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(wd));
-    else
-      o = std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(wd));
-    groups.emplace_back(g == 0 ? decay : no_decay, std::move(o));
-  }
-  return groups;
-}
-
 std::unique_ptr<torch::optim::OptimizerOptions> defaults_of(const TrainConfig& t) {
   if (t.optimizer == "adamw") return std::make_unique<torch::optim::AdamWOptions>(t.lr);
   return std::make_unique<torch::optim::SGDOptions>(t.lr);
@@ -76,7 +58,7 @@ torch::Tensor shaped_like(const torch::Tensor& param, const torch::Tensor& flat,
 
 ShardedOptimizer::ShardedOptimizer(const TrainConfig& t, torch::nn::Module& model, comm::GradientSync& sync,
                                    comm::Communicator& comm, bool int8_state)
-    : torch::optim::Optimizer(groups_of(t, model), defaults_of(t)),
+    : torch::optim::Optimizer(optimizer_groups(t, model), defaults_of(t)),
       sync_(sync),
       comm_(comm),
       adamw_(t.optimizer == "adamw"),
@@ -213,7 +195,7 @@ std::vector<NamedTensor> ShardedOptimizer::full_state(const std::vector<std::pai
   torch::NoGradGuard no_grad;
   // Every rank decides alike (the same steps ran everywhere): nothing to write before the
   // first update, and SGD without momentum keeps no state.
-  const bool any = has_state() && (adamw_ || !pieces_.empty());
+  const bool any = has_state();
   std::vector<std::string> keys;
   if (adamw_) keys = {"exp_avg", "exp_avg_sq"};
   else keys = {"momentum_buffer"};

@@ -60,8 +60,11 @@ class FusedSGD : public torch::optim::SGD, public ScaledStep {
   void step_scaled(const torch::Tensor& grad_scale) override;
 };
 
-/// AdamW (FusedAdamW) or SGD (FusedSGD) over two groups: weight decay on tensors with >= 2
-/// dimensions only.
+/// train.optimizer's two parameter groups: weight decay (train.weight_decay) on tensors with
+/// >= 2 dimensions, none on the others; each with the run's options.
+std::vector<torch::optim::OptimizerParamGroup> optimizer_groups(const TrainConfig& t, torch::nn::Module& model);
+
+/// AdamW (FusedAdamW) or SGD (FusedSGD) over optimizer_groups().
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& t, torch::nn::Module& model);
 
 /// Bytes of optimizer state the first update allocates: AdamW keeps two FP32 moments per
