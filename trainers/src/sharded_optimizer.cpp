@@ -98,8 +98,11 @@ torch::Tensor ShardedOptimizer::piece_grad(const Piece& p) const {
   // out as the parameter; anything else is copied into that layout first).
   if (g.strides() == p.where.param.strides() && g.is_non_overlapping_and_dense())
     return comm::memory_order_view(g).narrow(0, p.where.offset, p.where.numel);
-  return comm::memory_order_view(shaped_like(p.where.param, comm::memory_order_view(g.contiguous()), g.device()))
-      .narrow(0, p.where.offset, p.where.numel);
+  // (Copied by shape, element for element: a row-major flattening of g would put channels-last
+  // weights' gradients at other weights' places.)
+  auto laid = torch::empty_like(p.where.param, p.where.param.options().requires_grad(false), torch::MemoryFormat::Preserve);
+  laid.copy_(g);
+  return comm::memory_order_view(laid).narrow(0, p.where.offset, p.where.numel);
 }
 
 std::vector<torch::Tensor> ShardedOptimizer::update_gradients(const std::vector<torch::Tensor>& params) const {
