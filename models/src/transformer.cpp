@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include <ATen/SDPBackend.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <torch/torch.h>
 
@@ -186,8 +187,77 @@ FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t d_ff, std::string appr
   proj = register_module("proj", torch::nn::Linear(d_ff, d_model));
 }
 
+// Note [GELU recomputed in the MLP's backward]
+// proj(gelu(h)), h = fc(x), as autograd records it keeps two [B,T,F] tensors (F = 4D) from
+// forward to backward: h, which GELU's backward reads, and g = gelu(h), which proj's backward
+// reads for its weight gradient (under autocast, proj's low-precision copy of its weight too).
+// In a GPT layer under bf16 with SDPA that is 8 of the 18 [B,T,D] tensors' worth a layer keeps
+// (docs/PRECISION_AND_MEMORY.md). GeluLinear keeps h and proj's parameters themselves, and
+// backward computes g = gelu(h) again: one elementwise pass over [B,T,F] and one cast of the
+// weight, next to the block's matmuls, for 4 of the 18 tensors — what torch.compile's min-cut
+// partitioner does with cheap pointwise ops at no recompute. The output and gradients are
+// bitwise those of proj(gelu(h)): forward runs what proj's forward runs
+// (torch::nn::functional::linear: addmm for [N,F] rows; above two dimensions a matmul, which
+// folds h into [N,F] rows, then += bias; autocast casts as before), backward the ops autograd
+// runs for that graph — the matmul's mm_mat1_backward and mm_mat2_backward (the transposed
+// weight is column-major), the bias gradient summed to its shape in the output's dtype,
+// at::gelu_backward, and the casts back to the inputs' dtypes that autocast's ToCopyBackward0
+// nodes do (tests/unit/test_feed_forward.cpp, which also runs whole GPT and BERT steps against
+// the plain graph, FeedForwardImpl::recompute_gelu = false). Outside grad mode (a recompute's
+// first forward, eval), with nothing requiring a gradient, or where the matmul would not fold
+// (h not contiguous), the plain expression runs.
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct GeluLinear : torch::autograd::Function<GeluLinear> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& weight,
+                               const torch::Tensor& bias, const std::string& approximate) {
+    const auto g = at::gelu(h, approximate);
+    auto out = torch::nn::functional::linear(g, weight, bias);  // what proj(g) runs, autocast included
+    ctx->save_for_backward({h, weight, bias});
+    ctx->saved_data["approximate"] = approximate;
+    ctx->saved_data["gelu_dtype"] = static_cast<int64_t>(g.scalar_type());
+    ctx->saved_data["linear_dtype"] = static_cast<int64_t>(out.scalar_type());
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    // The dtypes are forward's, cast explicitly: autocast has no say here.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = ctx->get_saved_variables();
+    const auto& h = saved[0];
+    const auto& weight = saved[1];
+    const auto& bias = saved[2];
+    const auto approximate = ctx->saved_data["approximate"].toStringRef();
+    const auto gelu_dtype = static_cast<c10::ScalarType>(ctx->saved_data["gelu_dtype"].toInt());
+    const auto linear_dtype = static_cast<c10::ScalarType>(ctx->saved_data["linear_dtype"].toInt());
+    const auto grad = grad_out[0].reshape({-1, weight.size(0)});  // [N,D], the matmul's output
+    torch::Tensor grad_weight, grad_bias, grad_h;
+    if (ctx->needs_input_grad(1)) {
+      // proj's weight gradient grad^T g, from g computed again (then let go).
+      const auto g = at::gelu(h.to(gelu_dtype), approximate).to(linear_dtype).reshape({-1, weight.size(1)});
+      grad_weight = grad.t().mm(g).to(weight.scalar_type());
+    }
+    if (ctx->needs_input_grad(2)) grad_bias = at::sum_to(grad_out[0], bias.sizes()).to(bias.scalar_type());
+    if (ctx->needs_input_grad(0)) {
+      const auto grad_g = grad.mm(weight.to(linear_dtype)).view(h.sizes()).to(gelu_dtype);
+      grad_h = at::gelu_backward(grad_g, h.to(gelu_dtype), approximate).to(h.scalar_type());
+    }
+    return {grad_h, grad_weight, grad_bias, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  return proj(torch::gelu(fc(x), approximate_));
+  const auto h = fc(x);
+  const bool grad = torch::GradMode::is_enabled() &&
+                    (h.requires_grad() || proj->weight.requires_grad() || proj->bias.requires_grad());
+  if (!recompute_gelu || !grad || h.dim() < 2 || !h.is_contiguous() || !proj->bias.defined())
+    return proj(torch::gelu(h, approximate_));
+  return GeluLinear::apply(h, proj->weight, proj->bias, approximate_);
 }
 
 void init_transformer_weights(torch::nn::Module& m, double std) {

@@ -95,11 +95,17 @@ class FeedForwardImpl : public torch::nn::Module {
  public:
   /// approximate: "tanh" (GPT-2) or "none" (exact erf GELU, BERT).
   FeedForwardImpl(int64_t d_model, int64_t d_ff, std::string approximate);
-  /// x [B,T,D] -> proj(gelu(fc(x))) [B,T,D].
+  /// x [B,T,D] -> proj(gelu(fc(x))) [B,T,D]. In training, GELU's output is not kept for
+  /// backward but computed again there from fc's output (Note [GELU recomputed in the MLP's
+  /// backward] in transformer.cpp); the values and gradients are bitwise those of the plain
+  /// expression.
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear fc{nullptr};
   torch::nn::Linear proj{nullptr};
+  /// false: the plain autograd graph of proj(gelu(h)), which keeps gelu(h) for proj's weight
+  /// gradient (what tests and benchmarks compare against).
+  bool recompute_gelu = true;
 
  private:
   std::string approximate_;
