@@ -118,6 +118,13 @@ torch::Tensor alias(const torch::Tensor& slot, const torch::Tensor& p) {
 //    is one reduce-scatter per bucket per micro-batch: with accumulation A a step moves
 //    A reduce-scatters + 1 all-gather, the all-reduce's bytes only at A = 1. The all-gather
 //    uses a transient bucket buffer, at most two buckets in flight.
+//    With memory.grad_accum_dtype = bf16 the chunk accumulators are bf16 (DeepSpeed's
+//    data_types.grad_accum_dtype; ZeRO's own accounting keeps 16-bit gradient partitions):
+//    2 bytes a parameter over N ranks instead of 4. The buckets and their reduce-scatter stay
+//    in the gradients' fp32 (MPI has no bf16 type: staging it through fp32 would add a copy
+//    of each bucket in flight); each chunk is rounded once as it is copied or added into its
+//    accumulator, so with accumulation A the sum over micro-batches is A - 1 bf16 additions.
+//    The optimizer reads the sums a bucket at a time as fp32 (ShardedOptimizer::step_scaled).
 // The global gradient norm (clipping, the inf check) is the square root of the all-reduced
 // sum of each rank's squared chunk norms: each element is in exactly one chunk, the padding
 // in none (trainers/src/precision.cpp). Padding is zero and never read.
@@ -155,8 +162,8 @@ double seconds_between(Clock::time_point a, Clock::time_point b) { return std::c
 }  // namespace
 
 GradientSync::GradientSync(const std::vector<torch::Tensor>& params, double first_bucket_mb, double bucket_mb,
-                           bool overlap, ShardStage stage, int world, int rank)
-    : overlap_(overlap), stage_(stage), world_(world), rank_(rank) {
+                           bool overlap, ShardStage stage, int world, int rank, torch::ScalarType accum_dtype)
+    : overlap_(overlap), stage_(stage), world_(world), rank_(rank), accum_dtype_(accum_dtype) {
   if (stage_ != ShardStage::kNone)
     for (const auto& p : params)
       if (!p.is_non_overlapping_and_dense())
@@ -197,7 +204,7 @@ void GradientSync::allocate_buffers() {
   for (auto& b : buckets_) {
     const auto opts = params_[b.members.front()].options().requires_grad(false);
     if (stage_ == ShardStage::kGradients) {
-      b.shard = torch::zeros({b.padded / world_}, opts);
+      b.shard = torch::zeros({b.padded / world_}, opts.dtype(accum_dtype_));
       buffer_bytes_ += static_cast<int64_t>(b.shard.nbytes());
     } else {
       b.flat = torch::zeros({b.padded}, opts);
@@ -300,7 +307,7 @@ void GradientSync::wait_and_accumulate(Bucket& b) {
   torch::NoGradGuard no_grad;
   const auto mine = shard_chunk(b.flat, rank_, world_);
   if (first_in_step_) b.shard.copy_(mine);
-  else b.shard.add_(mine);
+  else b.shard.add_(mine);  // in the accumulator's dtype: fp32, or fp32 sums rounded to bf16
   b.flat = torch::Tensor();  // the transient bucket: freed now, with the Work that held it
   b.work.reset();
 }

@@ -60,6 +60,7 @@ std::vector<Field> fields_of(Config& c) {
       {"memory", "recompute", &mem.activation_checkpoint, /*alias=*/true},  // the preferred spelling
       {"memory", "budget", &mem.budget},
       {"memory", "shard", &mem.shard}, {"memory", "optimizer_state", &mem.optimizer_state},
+      {"memory", "grad_accum_dtype", &mem.grad_accum_dtype},
       {"checkpoint", "dir", &ck.dir}, {"checkpoint", "every_steps", &ck.every_steps},
       {"checkpoint", "keep_last", &ck.keep_last}, {"checkpoint", "async", &ck.async},
       {"checkpoint", "at_end", &ck.at_end},
@@ -407,6 +408,9 @@ void validate(const Config& c, int world_size) {
   if (mem.optimizer_state == "int8" && t.optimizer != "adamw")
     bad("memory.optimizer_state", quote(mem.optimizer_state),
         "8-bit state is AdamW's moments; train.optimizer = '" + t.optimizer + "' keeps fp32 state");
+  // Read under memory.shard = gradients only (the other stages keep fp32 gradients in .grad);
+  // not an error elsewhere, as `train --auto` may choose another stage for a config that sets it.
+  one_of("memory.grad_accum_dtype", mem.grad_accum_dtype, {"fp32", "bf16"});
 
   non_negative("checkpoint.every_steps", c.checkpoint.every_steps);
   positive("checkpoint.keep_last", c.checkpoint.keep_last);

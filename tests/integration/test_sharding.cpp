@@ -169,6 +169,38 @@ TEST_F(Sharding, Int8StateIsAQuarterOfTheBytesAndTracksFp32) {
   }
 }
 
+// memory.grad_accum_dtype = bf16 under stage 2: this rank's gradient sums in 2 bytes an element
+// (half of stage 2's fp32 chunks), nothing else kept, the same collectives and bytes (the
+// reduce-scatter stays fp32), and a run with accumulation 2 that tracks the fp32-sum run.
+TEST_F(Sharding, Bf16GradientSumsHalveTheChunksAndTrackFp32Sums) {
+  const std::string cfg = tiny_gpt_config(0.0, 30);
+  const std::string sets = "--set model.d_model=128 --set model.n_head=4 --set train.micro_batch=4 "
+                           "--set memory.shard=gradients --set memory.grad_accum_dtype=";
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    auto r = run_cmd(train(2, cfg, sets + dtype, "sums_" + dtype));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("shard gradients (" + dtype + " gradient sums)"), std::string::npos) << r.err;
+  }
+  const auto a = events(dir_ / "sums_fp32", "step"), b = events(dir_ / "sums_bf16", "step");
+  ASSERT_EQ(a.size(), 30u);
+  ASSERT_EQ(b.size(), 30u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(field(a[i], "accumulation"), 2);
+    EXPECT_NEAR(static_cast<double>(field(b[i], "mem_comm_buffers_bytes")) /
+                    static_cast<double>(field(a[i], "mem_comm_buffers_bytes")),
+                0.5, 0.001);
+    EXPECT_EQ(field(b[i], "mem_grads_bytes"), 0);
+    EXPECT_EQ(field(b[i], "comm_bytes"), field(a[i], "comm_bytes"));
+    EXPECT_EQ(field(b[i], "grad_reduce_scatter_calls"), field(a[i], "grad_reduce_scatter_calls"));
+  }
+  const auto [la, ea] = losses_of(dir_ / "sums_fp32");
+  const auto [lb, eb] = losses_of(dir_ / "sums_bf16");
+  EXPECT_EQ(lb[0], la[0]);  // before any update: the same
+  EXPECT_NE(lb[1], la[1]);  // the rounded sums moved the first update
+  EXPECT_NEAR(eb, ea, 0.01 * std::abs(ea));
+  EXPECT_LT(lb.back(), 0.9 * lb.front());
+}
+
 // Stage 2 issues collectives in every micro-batch, so a rank that runs out of memory mid-step
 // must still take part in the rest of them (Note [Out-of-memory back-off]): an injected
 // out-of-memory error on rank 1 in step 3 (accumulation 2) backs both ranks off and the run
@@ -217,6 +249,9 @@ TEST_F(Sharding, BadValuesAreConfigErrors) {
   auto sgd8 = run_cmd(train(1, cfg, "--set memory.optimizer_state=int8 --set train.optimizer=sgd", "sgd8"));
   EXPECT_EQ(sgd8.code, 2);
   EXPECT_NE(sgd8.err.find("memory.optimizer_state"), std::string::npos) << sgd8.err;
+  auto dtype = run_cmd(train(1, cfg, "--set memory.grad_accum_dtype=fp16", "dtype"));
+  EXPECT_EQ(dtype.code, 2);
+  EXPECT_NE(dtype.err.find("memory.grad_accum_dtype"), std::string::npos) << dtype.err;
   // "auto" is the planner's: refused by a plain train.
   auto unplanned = run_cmd(train(1, cfg, "--set memory.shard=auto", "auto"));
   EXPECT_EQ(unplanned.code, 2);

@@ -249,6 +249,7 @@ ModelStateBytes model_state_bytes(const Config& cfg, const std::vector<int64_t>&
       // The chunk accumulators, and live gradients of about three buckets: the one backward is
       // filling and the two in flight (Note [Sharded model state]).
       b.comm = (param_bytes + world - 1) / world;
+      if (cfg.memory.grad_accum_dtype == "bf16") b.comm = (b.comm + 1) / 2;  // 2 bytes an element
       b.gradients = std::min(param_bytes, static_cast<int64_t>(3 * cfg.comm.bucket_mb * 1048576.0));
     }
   }

@@ -114,7 +114,11 @@ bool fused_update(ScaledStep& optimizer, LossScaler& scaler, const std::vector<t
       // rank takes part, also one whose chunks happen to hold no element.
       auto sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble));
       if (!grads.empty())
-        sq += torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2).pow(2).to(torch::kDouble).cpu();
+        // (bf16 gradient sums, memory.grad_accum_dtype: their norms taken in fp32.)
+        sq += torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2, torch::kFloat)), 2)
+                  .pow(2)
+                  .to(torch::kDouble)
+                  .cpu();
       comm.allreduce_sum(sq);
       norm = std::sqrt(sq.item<double>());
     } else if (!grads.empty()) {

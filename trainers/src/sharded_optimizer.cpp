@@ -122,10 +122,40 @@ void ShardedOptimizer::step_scaled(const torch::Tensor& grad_scale) {
     std::vector<torch::Tensor> params, grads, m, v;
   };
   std::map<std::tuple<size_t, int64_t, bool>, Batch> batches;
+  // Runs and drops the batches gathered so far.
+  auto flush = [&] {
+    for (auto& [key, b] : batches) {
+      const auto& [group, step, first] = key;
+      auto& o = param_groups_[group].options();
+      if (adamw_) {
+        const auto& a = static_cast<torch::optim::AdamWOptions&>(o);
+        const auto count = step_count(step, b.params.front().device());
+        std::vector<torch::Tensor> steps(b.params.size(), count);
+        at::_fused_adamw_(b.params, b.grads, b.m, b.v, /*max_exp_avg_sqs=*/{}, steps, a.lr(), std::get<0>(a.betas()),
+                          std::get<1>(a.betas()), a.weight_decay(), a.eps(), /*amsgrad=*/false, /*maximize=*/false,
+                          scale, /*found_inf=*/std::nullopt);
+      } else {
+        const auto& s = static_cast<torch::optim::SGDOptions&>(o);
+        at::_fused_sgd_(b.params, b.grads, b.m, s.weight_decay(), s.momentum(), s.lr(), s.dampening(), s.nesterov(),
+                        /*maximize=*/false, /*is_first_step=*/first, scale, /*found_inf=*/std::nullopt);
+      }
+    }
+    batches.clear();
+  };
+  size_t bucket = SIZE_MAX;  // the bucket whose converted gradients the batches hold
   for (auto& pp : pieces_) {
     Piece& p = *pp;
-    const auto g = piece_grad(p);
+    auto g = piece_grad(p);
     if (!g.defined()) continue;
+    if (g.scalar_type() != p.view.scalar_type()) {
+      // bf16 gradient sums (memory.grad_accum_dtype): read as FP32 a bucket at a time (the
+      // pieces come in bucket order), so one bucket's chunk at most is converted at once.
+      if (p.where.bucket != bucket) {
+        flush();
+        bucket = p.where.bucket;
+      }
+      g = g.to(p.view.scalar_type());
+    }
     auto& o = param_groups_[p.group].options();
     bool first = false;
     if (!p.has_state) {
@@ -158,22 +188,7 @@ void ShardedOptimizer::step_scaled(const torch::Tensor& grad_scale) {
     if (p.m.defined()) b.m.push_back(p.m);
     if (p.v.defined()) b.v.push_back(p.v);
   }
-  for (auto& [key, b] : batches) {
-    const auto& [group, step, first] = key;
-    auto& o = param_groups_[group].options();
-    if (adamw_) {
-      const auto& a = static_cast<torch::optim::AdamWOptions&>(o);
-      const auto count = step_count(step, b.params.front().device());
-      std::vector<torch::Tensor> steps(b.params.size(), count);
-      at::_fused_adamw_(b.params, b.grads, b.m, b.v, /*max_exp_avg_sqs=*/{}, steps, a.lr(), std::get<0>(a.betas()),
-                        std::get<1>(a.betas()), a.weight_decay(), a.eps(), /*amsgrad=*/false, /*maximize=*/false,
-                        scale, /*found_inf=*/std::nullopt);
-    } else {
-      const auto& s = static_cast<torch::optim::SGDOptions&>(o);
-      at::_fused_sgd_(b.params, b.grads, b.m, s.weight_decay(), s.momentum(), s.lr(), s.dampening(), s.nesterov(),
-                      /*maximize=*/false, /*is_first_step=*/first, scale, /*found_inf=*/std::nullopt);
-    }
-  }
+  flush();
   sync_.allgather_params(comm_);  // sharded: every rank's updated pieces to every rank
 }
 

@@ -182,7 +182,8 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
   shard_ = world_ > 1 ? comm::parse_shard_stage(cfg_.memory.shard) : comm::ShardStage::kNone;
   params_ = model.parameters();
   grad_sync_ = std::make_unique<comm::GradientSync>(params_, cfg_.comm.first_bucket_mb, cfg_.comm.bucket_mb,
-                                                    cfg_.comm.overlap, shard_, world_, rank_);
+                                                    cfg_.comm.overlap, shard_, world_, rank_,
+                                                    cfg_.memory.grad_accum_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
   optimizer_ = make_run_optimizer(cfg_, model, *grad_sync_, comm_);
   scaler_ = std::make_unique<LossScaler>(cfg_.precision, cfg_.precision.mode == "fp16", device_);
   for (const auto& p : model.parameters()) param_bytes_ += static_cast<int64_t>(p.nbytes());
@@ -326,7 +327,9 @@ void Trainer::log_start() const {
             std::to_string(t.micro_batch) + " micro x " + std::to_string(accum_) +
             " accumulation; recompute " +
             models::RecomputePolicy::parse(cfg_.memory.activation_checkpoint).to_string() + "; shard " +
-            comm::to_string(shard_) + ", optimizer state " + cfg_.memory.optimizer_state + "; " +
+            comm::to_string(shard_) +
+            (shard_ == comm::ShardStage::kGradients ? " (" + cfg_.memory.grad_accum_dtype + " gradient sums)" : "") +
+            ", optimizer state " + cfg_.memory.optimizer_state + "; " +
             std::to_string(total_steps_) + " steps (" + std::to_string(steps_per_epoch_) + " per epoch)");
   if (lr_scale(t) != 1.0)
     log::info("linear lr scaling: train.lr " + std::to_string(t.lr) + " x global batch " +

@@ -64,9 +64,11 @@ class GradientSync {
   /// `overlap` = comm.overlap: start buckets from gradient-ready hooks inside backward, or
   /// all of them after it. `stage`, `world`, `rank`: memory.shard and this rank's place (the
   /// buckets are padded to a multiple of `world` elements). Allocates nothing until the first
-  /// synchronisation.
+  /// synchronisation. `accum_dtype`: kGradients' chunk accumulators (memory.grad_accum_dtype;
+  /// kFloat or kBFloat16), whose views the ShardPieces' gradients then are.
   GradientSync(const std::vector<torch::Tensor>& params, double first_bucket_mb, double bucket_mb,
-               bool overlap = true, ShardStage stage = ShardStage::kNone, int world = 1, int rank = 0);
+               bool overlap = true, ShardStage stage = ShardStage::kNone, int world = 1, int rank = 0,
+               torch::ScalarType accum_dtype = torch::kFloat);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -150,6 +152,7 @@ class GradientSync {
   bool overlap_;
   ShardStage stage_;
   int world_, rank_;
+  torch::ScalarType accum_dtype_;
   bool first_in_step_ = true;          // kGradients: the next micro-batch's chunks are copied, not added
   bool armed_ = false;
   bool in_backward_ = false;

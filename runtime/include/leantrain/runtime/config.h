@@ -77,6 +77,9 @@ struct MemoryConfig {
   std::string shard = "none";
   // AdamW's moments: fp32 | int8 (block-wise dynamic 8-bit, bitsandbytes' 8-bit Adam).
   std::string optimizer_state = "fp32";
+  // Under shard = gradients: the dtype of this rank's gradient sums (its chunk accumulators),
+  // fp32 | bf16 (DeepSpeed's data_types.grad_accum_dtype). The reduce-scatter stays fp32.
+  std::string grad_accum_dtype = "fp32";
 };
 
 struct CheckpointConfig {
