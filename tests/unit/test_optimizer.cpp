@@ -178,3 +178,38 @@ TEST(FusedOptimizers, MatchPyTorchsFusedAdamWAndSgdWithGradScalerAndClipping) {
 }
 
 }  // namespace
+
+namespace {
+
+// What the budget minimum and the planner count per rank (model_state_bytes): the optimizer
+// state over N ranks, and under stage 2 this rank's gradient chunks, at 2 bytes an element
+// with bf16 sums.
+TEST(ModelStateBytes, ShardStagesAndBf16SumsDivideWhatTheyShard) {
+  lt::Config cfg;
+  cfg.train.optimizer = "adamw";
+  const std::vector<int64_t> numels = {1000000, 3000, 1};  // 1,003,001 elements: 4,012,004 bytes
+  const int64_t p = 4 * 1003001;
+  auto at = [&](const std::string& shard, const std::string& sums, int world) {
+    lt::Config c = cfg;
+    c.memory.shard = shard;
+    c.memory.grad_accum_dtype = sums;
+    return lt::trainers::model_state_bytes(c, numels, world);
+  };
+  const auto one = at("none", "fp32", 1);
+  EXPECT_EQ(one.gradients, p);
+  EXPECT_EQ(one.optimizer, 2 * p);
+  EXPECT_EQ(one.comm, 0);
+  const auto none = at("none", "bf16", 2);  // bf16 sums mean nothing without stage 2
+  EXPECT_EQ(none.comm, p);
+  EXPECT_EQ(none.gradients, 0);
+  EXPECT_EQ(none.optimizer, 2 * p);
+  EXPECT_EQ(at("optimizer", "fp32", 2).optimizer, p);
+  const auto s2 = at("gradients", "fp32", 2), s2b = at("gradients", "bf16", 2);
+  EXPECT_EQ(s2.comm, p / 2);  // this rank's chunks, 4 bytes an element
+  EXPECT_EQ(s2.optimizer, p);
+  EXPECT_EQ(s2b.comm, (s2.comm + 1) / 2);
+  EXPECT_EQ(s2b.optimizer, s2.optimizer);
+  EXPECT_EQ(s2b.gradients, s2.gradients);
+}
+
+}  // namespace
