@@ -318,7 +318,8 @@ void GradientSync::allgather_params(Communicator& comm) {
   // Copies a bucket into its parameters once its all-gather is done.
   auto unpack = [&](Bucket& b) {
     b.work->wait();
-    for (size_t k = 0; k < b.members.size() && !(stage_ == ShardStage::kGradients && sole_member(b)); ++k) {
+    const bool in_place = stage_ == ShardStage::kGradients && sole_member(b);  // gathered in the parameter
+    for (size_t k = 0; k < b.members.size() && !in_place; ++k) {
       const auto& p = params_[b.members[k]];
       memory_order_view(p).copy_(b.flat.narrow(0, b.offsets[k], p.numel()));
     }

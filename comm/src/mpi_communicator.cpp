@@ -160,13 +160,20 @@ class MpiWork final : public Work {
   MPI_Request req_ = MPI_REQUEST_NULL;
 };
 
+namespace {
+// A non-blocking collective's completion on `buf`, t's host buffer: a staged result back into t.
+std::function<void()> copy_back(torch::Tensor t, torch::Tensor buf, bool staged) {
+  return [t, buf, staged]() mutable {
+    if (staged) t.copy_(buf);
+  };
+}
+}  // namespace
+
 std::unique_ptr<Work> MpiCommunicator::allreduce_sum_async(torch::Tensor t) {
   bool staged = false;
   auto buf = host_buffer(t, staged);
   auto work = std::make_unique<MpiWork>(*this, "all-reduce", static_cast<int64_t>(buf.nbytes()),
-                                        std::vector<torch::Tensor>{buf}, [t, buf, staged]() mutable {
-                                          if (staged) t.copy_(buf);
-                                        });
+                                        std::vector<torch::Tensor>{buf}, copy_back(t, buf, staged));
   MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), static_cast<int>(buf.numel()), mpi_type(buf.scalar_type()), MPI_SUM,
                  MPI_COMM_WORLD, work->request());
   ++stats_.allreduce_calls;
@@ -203,9 +210,7 @@ std::unique_ptr<Work> MpiCommunicator::allgather_async(torch::Tensor t) {
   bool staged = false;
   auto buf = host_buffer(t, staged);
   auto work = std::make_unique<MpiWork>(*this, "all-gather", static_cast<int64_t>(buf.nbytes()),
-                                        std::vector<torch::Tensor>{buf}, [t, buf, staged]() mutable {
-                                          if (staged) t.copy_(buf);
-                                        });
+                                        std::vector<torch::Tensor>{buf}, copy_back(t, buf, staged));
   MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data_ptr(), static_cast<int>(chunk),
                  mpi_type(buf.scalar_type()), MPI_COMM_WORLD, work->request());
   ++stats_.allgather_calls;

@@ -243,15 +243,17 @@ TEST_F(Sharding, BackOffFp16AndThreeRanksAgreeWithTheUnshardedRun) {
 
 TEST_F(Sharding, BadValuesAreConfigErrors) {
   const std::string cfg = tiny_gpt_config(0.0, 2);
-  auto bad = run_cmd(train(1, cfg, "--set memory.shard=zero3", "bad"));
-  EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.err.find("memory.shard"), std::string::npos) << bad.err;
-  auto sgd8 = run_cmd(train(1, cfg, "--set memory.optimizer_state=int8 --set train.optimizer=sgd", "sgd8"));
-  EXPECT_EQ(sgd8.code, 2);
-  EXPECT_NE(sgd8.err.find("memory.optimizer_state"), std::string::npos) << sgd8.err;
-  auto dtype = run_cmd(train(1, cfg, "--set memory.grad_accum_dtype=fp16", "dtype"));
-  EXPECT_EQ(dtype.code, 2);
-  EXPECT_NE(dtype.err.find("memory.grad_accum_dtype"), std::string::npos) << dtype.err;
+  // Exit 2, naming the key.
+  struct Bad {
+    std::string sets, key;
+  };
+  for (const Bad& c : {Bad{"--set memory.shard=zero3", "memory.shard"},
+                       Bad{"--set memory.optimizer_state=int8 --set train.optimizer=sgd", "memory.optimizer_state"},
+                       Bad{"--set memory.grad_accum_dtype=fp16", "memory.grad_accum_dtype"}}) {
+    auto r = run_cmd(train(1, cfg, c.sets, "bad_" + c.key));
+    EXPECT_EQ(r.code, 2) << c.sets;
+    EXPECT_NE(r.err.find(c.key), std::string::npos) << r.err;
+  }
   // "auto" is the planner's: refused by a plain train.
   auto unplanned = run_cmd(train(1, cfg, "--set memory.shard=auto", "auto"));
   EXPECT_EQ(unplanned.code, 2);

@@ -83,21 +83,22 @@ Checkpoint capture_state(const Config& cfg, int world, torch::nn::Module& model,
   auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer);
   if (gathered) c.optimizer = std::move(*gathered);                          // Note [Sharded checkpoints]
   else if (sharded) c.optimizer = sharded->full_state(named_parameters_of(model));  // unsharded 8-bit: local
-  auto& state = optimizer.state();
-  for (const auto& p : model.named_parameters()) {
-    if (gathered || sharded) break;
-    auto it = state.find(p.value().unsafeGetTensorImpl());
-    if (it == state.end()) continue;  // no step taken yet for this parameter
-    const std::string& n = p.key();
-    if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
-      c.optimizer.push_back({n + "/step", step_tensor(s->step())});
-      c.optimizer.push_back({n + "/exp_avg", to_host(s->exp_avg(), copy)});
-      c.optimizer.push_back({n + "/exp_avg_sq", to_host(s->exp_avg_sq(), copy)});
-      if (s->max_exp_avg_sq().defined()) c.optimizer.push_back({n + "/max_exp_avg_sq", to_host(s->max_exp_avg_sq(), copy)});
-    } else if (auto* m = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
-      if (m->momentum_buffer().defined()) c.optimizer.push_back({n + "/momentum_buffer", to_host(m->momentum_buffer(), copy)});
+  else
+    for (const auto& p : model.named_parameters()) {  // torch::optim's state per parameter
+      auto it = optimizer.state().find(p.value().unsafeGetTensorImpl());
+      if (it == optimizer.state().end()) continue;  // no step taken yet for this parameter
+      const std::string& n = p.key();
+      if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+        c.optimizer.push_back({n + "/step", step_tensor(s->step())});
+        c.optimizer.push_back({n + "/exp_avg", to_host(s->exp_avg(), copy)});
+        c.optimizer.push_back({n + "/exp_avg_sq", to_host(s->exp_avg_sq(), copy)});
+        if (s->max_exp_avg_sq().defined())
+          c.optimizer.push_back({n + "/max_exp_avg_sq", to_host(s->max_exp_avg_sq(), copy)});
+      } else if (auto* m = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+        if (m->momentum_buffer().defined())
+          c.optimizer.push_back({n + "/momentum_buffer", to_host(m->momentum_buffer(), copy)});
+      }
     }
-  }
   c.scaler = {{"scale", scaler.scale_value()},
               {"growth_tracker", static_cast<double>(scaler.growth_tracker())},
               {"enabled", scaler.enabled() ? 1.0 : 0.0},
@@ -137,32 +138,32 @@ void restore_state(const Checkpoint& c, torch::nn::Module& model, torch::optim::
       auto f = it->second.find(key);
       return f == it->second.end() ? static_cast<const torch::Tensor*>(nullptr) : f->second;
     });
-  }
-  auto& state = optimizer.state();
-  state.clear();
-  for (const auto& p : model.named_parameters()) {
-    if (sharded) break;
-    auto it = opt.find(p.key());
-    if (it == opt.end()) continue;
-    const auto& s = it->second;
-    auto get = [&](const std::string& k) -> torch::Tensor {
-      auto f = s.find(k);
-      if (f == s.end()) throw CheckpointError("optimizer state " + p.key() + "/" + k + " is missing");
-      if (f->second->sizes() != p.value().sizes() && f->second->dim() != 0)
-        throw CheckpointError("optimizer state " + p.key() + "/" + k + " has the wrong shape");
-      return f->second->to(p.value().device()).clone();
-    };
-    if (c.optimizer_kind == "adamw") {
-      auto st = std::make_unique<torch::optim::AdamWParamState>();
-      st->step(get("step").item<int64_t>());
-      st->exp_avg(get("exp_avg"));
-      st->exp_avg_sq(get("exp_avg_sq"));
-      if (s.count("max_exp_avg_sq")) st->max_exp_avg_sq(get("max_exp_avg_sq"));
-      state[p.value().unsafeGetTensorImpl()] = std::move(st);
-    } else {
-      auto st = std::make_unique<torch::optim::SGDParamState>();
-      st->momentum_buffer(get("momentum_buffer"));
-      state[p.value().unsafeGetTensorImpl()] = std::move(st);
+  } else {
+    auto& state = optimizer.state();
+    state.clear();
+    for (const auto& p : model.named_parameters()) {
+      auto it = opt.find(p.key());
+      if (it == opt.end()) continue;
+      const auto& s = it->second;
+      auto get = [&](const std::string& k) -> torch::Tensor {
+        auto f = s.find(k);
+        if (f == s.end()) throw CheckpointError("optimizer state " + p.key() + "/" + k + " is missing");
+        if (f->second->sizes() != p.value().sizes() && f->second->dim() != 0)
+          throw CheckpointError("optimizer state " + p.key() + "/" + k + " has the wrong shape");
+        return f->second->to(p.value().device()).clone();
+      };
+      if (c.optimizer_kind == "adamw") {
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(get("step").item<int64_t>());
+        st->exp_avg(get("exp_avg"));
+        st->exp_avg_sq(get("exp_avg_sq"));
+        if (s.count("max_exp_avg_sq")) st->max_exp_avg_sq(get("max_exp_avg_sq"));
+        state[p.value().unsafeGetTensorImpl()] = std::move(st);
+      } else {
+        auto st = std::make_unique<torch::optim::SGDParamState>();
+        st->momentum_buffer(get("momentum_buffer"));
+        state[p.value().unsafeGetTensorImpl()] = std::move(st);
+      }
     }
   }
   if (c.scaler.count("scale"))

@@ -213,10 +213,14 @@ int64_t optimizer_state_bytes(const TrainConfig& t, int64_t param_bytes) {
   return t.momentum != 0 ? param_bytes : 0;
 }
 
+int64_t fp32_bytes(const std::vector<int64_t>& numels) {
+  int64_t bytes = 0;
+  for (auto n : numels) bytes += 4 * n;
+  return bytes;
+}
+
 int64_t optimizer_state_bytes(const Config& cfg, const std::vector<int64_t>& numels, int world) {
-  int64_t param_bytes = 0;
-  for (auto n : numels) param_bytes += 4 * n;
-  int64_t bytes = optimizer_state_bytes(cfg.train, param_bytes);
+  int64_t bytes = optimizer_state_bytes(cfg.train, fp32_bytes(numels));
   if (cfg.memory.optimizer_state == "int8" && cfg.train.optimizer == "adamw") {
     // 8-bit moments: a byte per element per moment plus a float scale per block; tensors
     // under kMin8bitNumel elements keep FP32 moments (8 bytes an element).
@@ -235,8 +239,7 @@ std::vector<int64_t> parameter_numels(torch::nn::Module& model) {
 }
 
 ModelStateBytes model_state_bytes(const Config& cfg, const std::vector<int64_t>& numels, int world) {
-  int64_t param_bytes = 0;
-  for (auto n : numels) param_bytes += 4 * n;
+  const int64_t param_bytes = fp32_bytes(numels);
   ModelStateBytes b;
   b.optimizer = optimizer_state_bytes(cfg, numels, world);
   b.gradients = param_bytes;

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -292,22 +293,26 @@ int64_t checked_fixed_minimum(const TrainConfig& t, const MemoryMeter& meter, in
 // which overstates the peak of a model smaller than that (its gradients are freed bucket by
 // bucket in backward, while its activations shrink): the prediction errs on the safe side.
 
+/// A model-state option "shard/optimizer_state" split into its memory.shard and
+/// memory.optimizer_state values.
+std::pair<std::string, std::string> split_state(const std::string& state) {
+  const auto slash = state.find('/');
+  return {state.substr(0, slash), state.substr(slash + 1)};
+}
+
 /// The bytes each option of `states` saves per rank against what the probes hold.
 std::vector<int64_t> state_savings(const Config& cfg, const std::vector<std::string>& states,
                                    const std::vector<int64_t>& numels, int world) {
   auto total = [&](const std::string& state) {
     Config c = cfg;
-    const auto slash = state.find('/');
-    c.memory.shard = state.substr(0, slash);
-    c.memory.optimizer_state = state.substr(slash + 1);
+    std::tie(c.memory.shard, c.memory.optimizer_state) = split_state(state);
     const auto b = model_state_bytes(c, numels, world);
     return b.gradients + b.optimizer + b.comm;
   };
   // What a probe holds: its gradients (kept across steps for a multi-rank candidate), the
   // FP32 optimizer state, and the buckets counted on top (comm_bytes). A real multi-rank run
   // keeps its gradients in the buckets, so even "none/fp32" saves one copy there.
-  int64_t param_bytes = 0;
-  for (auto n : numels) param_bytes += 4 * n;
+  const int64_t param_bytes = fp32_bytes(numels);
   const int64_t base = param_bytes + optimizer_state_bytes(cfg.train, param_bytes) + (world > 1 ? param_bytes : 0);
   std::vector<int64_t> out;
   for (const auto& st : states) out.push_back(base - total(st));
@@ -367,9 +372,7 @@ void assign_states(Plan& plan, const std::vector<PlanFit>& fits, double int8_fac
         break;
     }
     const int64_t sav = plan.state_savings[k];
-    const auto slash = plan.states[k].find('/');
-    row.shard = plan.states[k].substr(0, slash);
-    row.optimizer_state = plan.states[k].substr(slash + 1);
+    std::tie(row.shard, row.optimizer_state) = split_state(plan.states[k]);
     if (row.probed) row.measured_peak -= sav;
     if (known) row.predicted_peak -= sav;
     if (row.floor_peak >= 0) row.floor_peak -= sav;
@@ -803,14 +806,13 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
   // The components' checks run before any data is read (the recompute policy is the planner's to pick).
   auto data = data::make_datasets(cfg.data, models::model_contract(cfg.model));
   const std::vector<int64_t> numels = parameter_counts(cfg);
-  int64_t param_bytes = 0;  // FP32 parameters
-  for (auto n : numels) param_bytes += 4 * n;
+  const int64_t param_bytes = fp32_bytes(numels);
   const int64_t comm_bytes = world_size > 1 ? param_bytes : 0;  // the gradient buckets' flat buffers
   plan.states = candidate_states(cfg, opt, world_size);
   plan.state_savings = state_savings(cfg, plan.states, numels, world_size);
-  const int64_t slack = *std::max_element(plan.state_savings.begin(), plan.state_savings.end());
-  const std::string saver = plan.states[static_cast<size_t>(
-      std::max_element(plan.state_savings.begin(), plan.state_savings.end()) - plan.state_savings.begin())];
+  const auto most = std::max_element(plan.state_savings.begin(), plan.state_savings.end());
+  const int64_t slack = *most;
+  const std::string saver = plan.states[static_cast<size_t>(most - plan.state_savings.begin())];
   plan.fixed_minimum = checked_fixed_minimum(cfg.train, meter, param_bytes, comm_bytes, opt.budget, slack, saver);
   bool any_int8 = false;
   for (const auto& st : plan.states) any_int8 |= st.find("int8") != std::string::npos;

@@ -125,7 +125,7 @@ struct Trainer::MicroBatches {
   double data_s = 0, compute_s = 0;
   bool last_backward_begun = false, oom = false;
   int64_t done = 0;             // micro-batches whose backward completed
-  int64_t backward_begun = -1;  // the last micro-batch whose gradient sync began
+  int64_t backward_begun = -1;  // the last micro-batch begin_backward() was called for
   std::string oom_what;
 };
 
@@ -402,8 +402,9 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
       }
       if (hooks_->nan_loss(step + 1, rank_)) loss = loss * std::numeric_limits<double>::quiet_NaN();
       // The buckets' all-reduces start inside the last micro-batch's backward (comm.overlap);
-      // with sharded gradients every micro-batch's buckets are reduce-scattered.
-      if (world_ > 1 && (j == accum_ - 1 || shard_ == comm::ShardStage::kGradients)) {
+      // with sharded gradients every micro-batch's buckets are reduce-scattered. GradientSync
+      // arms where its stage synchronises (begin_backward / end_backward are no-ops elsewhere).
+      if (world_ > 1) {
         grad_sync_->begin_backward(comm_, j == accum_ - 1);
         mb.backward_begun = j;
         if (j == accum_ - 1) mb.last_backward_begun = true;
@@ -412,7 +413,7 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
         TORCH_CHECK_WITH(OutOfMemoryError, false, "injected out of memory (LEANTRAIN_FAULT oom@", step + 1, ")");
       // Gradients average over the whole global batch: world x accumulation micro-batches.
       scaler_->scale(loss / static_cast<double>(accum_ * world_)).backward();
-      if (world_ > 1 && shard_ == comm::ShardStage::kGradients && j < accum_ - 1) grad_sync_->end_backward(comm_);
+      if (world_ > 1 && j < accum_ - 1) grad_sync_->end_backward(comm_);
       mb.loss_sum += loss.detach();
       mb.compute_s += seconds_since(c0);
       mb.done = j + 1;

@@ -84,6 +84,8 @@ struct ModelStateBytes {
 /// For FP32 parameters of `numels` elements each under cfg's memory.shard /
 /// memory.optimizer_state on `world` ranks.
 ModelStateBytes model_state_bytes(const Config& cfg, const std::vector<int64_t>& numels, int world);
+/// The bytes of FP32 parameters of `numels` elements each.
+int64_t fp32_bytes(const std::vector<int64_t>& numels);
 /// The element counts of a model's parameters.
 std::vector<int64_t> parameter_numels(torch::nn::Module& model);
 
