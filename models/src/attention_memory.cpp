@@ -99,12 +99,15 @@ AttentionMemory transformer_attention_memory(const ModelConfig& cfg, bool causal
       m.rerun_layers = 1;
       m.bits_bytes_per_score = p > 0.0 && device.is_cpu() ? 1.0 / 8.0 : 0.0;
       break;
-    case Kind::kFull: m.rerun_layers = 1; break;
+    case Kind::kFull: m.rerun_layers = 1; break;  // the last block kept, or one rerun: one layer at a time
     case Kind::kEvery: {
       int64_t rerun = 0;
-      for (int64_t i = 0; i < m.layers; ++i) rerun += policy.checkpoints_block(static_cast<size_t>(i)) ? 1 : 0;
+      for (int64_t i = 0; i < m.layers; ++i)
+        rerun += policy.checkpoints_block(static_cast<size_t>(i), static_cast<size_t>(m.layers)) ? 1 : 0;
+      // The last block is kept (Note [The last block is not recomputed]); a rerun starts
+      // after its backward has let its activations go, so no rerun adds to the kept layers.
       m.kept_layers = m.layers - rerun;
-      m.rerun_layers = rerun > 0 ? 1 : 0;
+      m.rerun_layers = 0;
       break;
     }
   }

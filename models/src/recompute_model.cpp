@@ -21,8 +21,8 @@ void Model::apply_recompute(const RecomputePolicy& policy) {
     set_block_runner({});
     return;
   }
-  set_block_runner([policy](size_t i, BlockImpl& block, const torch::Tensor& x) {
-    if (!policy.checkpoints_block(i) || !block.is_training()) return block.forward(x);
+  set_block_runner([policy, count = blocks().size()](size_t i, BlockImpl& block, const torch::Tensor& x) {
+    if (!policy.checkpoints_block(i, count) || !block.is_training()) return block.forward(x);
     std::vector<torch::Tensor> params = block.parameters();
     return recompute::in_backward([&block](const std::vector<torch::Tensor>& in) { return block.forward(in[0]); }, {x},
                                params, &block);

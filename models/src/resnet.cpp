@@ -251,13 +251,14 @@ namespace {
 // measured and are worse here: each saves one input less but its rerun holds several blocks'
 // activations while the inputs of all earlier units are still kept (docs/BENCH_PRECISION_MEMORY.md).
 // Nothing is recomputed twice: a unit's rerun runs the plain modules, never another checkpoint.
-// `full` splits every block; `selective` checkpoints the stem and the first stage, whose
+// `full` splits every block but the last; `selective` checkpoints the stem and the first stage, whose
 // 56x56 activations are half of the network's for about a fifth of its forward time.
 ResNetCheckpointUnits resnet_units(const ResNet& net, const RecomputePolicy& policy) {
   ResNetCheckpointUnits u;
   size_t n = 0;
   if (policy.kind == RecomputePolicy::Kind::kFull) {
-    n = net.blocks().size();
+    // Every block but the last (Note [The last block is not recomputed], recompute.cpp).
+    n = net.blocks().empty() ? 0 : net.blocks().size() - 1;
   } else if (policy.kind == RecomputePolicy::Kind::kSelective) {
     n = static_cast<size_t>(net.stage_blocks().front());
   } else {

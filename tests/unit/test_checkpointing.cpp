@@ -227,16 +227,19 @@ TEST(Checkpoint, BatchNormStatisticsUpdatedOnce) {
 }
 
 // Which units each policy gives ResNet (Note [ResNet checkpoint units]): full = the stem and
-// every block split into branch + shortcut; selective = the stem and the first stage.
+// every block but the last (Note [The last block is not recomputed]) split into branch +
+// shortcut; selective = the stem and the first stage.
 TEST(Checkpoint, ResNetUnitsPerPolicy) {
   auto c = tiny("resnet_bottleneck");
   auto model = lt::models::build_model(c);
   auto& net = dynamic_cast<lt::models::ResNet&>(*model);
   lt::models::apply_checkpoint_policy(net, CheckpointPolicy::parse("full"));
   EXPECT_TRUE(net.checkpoint_units().stem);
-  EXPECT_EQ(net.checkpoint_units().split, (std::vector<size_t>{0, 1, 2, 3, 4}));
+  ASSERT_EQ(net.blocks().size(), 5u);
+  EXPECT_EQ(net.checkpoint_units().split, (std::vector<size_t>{0, 1, 2, 3}));
   EXPECT_TRUE(net.checkpoint_units().packed);  // Note [Packed block inputs]
-  for (auto& b : net.blocks()) EXPECT_TRUE(dynamic_cast<lt::models::ResidualBlockImpl&>(*b).packed_input());
+  for (size_t i = 0; i < net.blocks().size(); ++i)
+    EXPECT_EQ(dynamic_cast<lt::models::ResidualBlockImpl&>(*net.blocks()[i]).packed_input(), i + 1 < 5) << i;
   lt::models::apply_checkpoint_policy(net, CheckpointPolicy::parse("selective"));
   EXPECT_TRUE(net.checkpoint_units().stem);
   EXPECT_EQ(net.checkpoint_units().split, (std::vector<size_t>{0}));
@@ -388,10 +391,11 @@ TEST(Recompute, DefaultRecomputesBlocksAndOnlyTheRegionsMarkedCheap) {
     const auto plain = run_policy(mark, "none");
     EXPECT_EQ(plain.forwards, 3);
     EXPECT_EQ(plain.region_runs, 3);
-    // {policy, block forwards, region runs}: full reruns 3 blocks, every:2 blocks 0 and 2;
-    // selective reruns the 3 regions when they are marked, and nothing otherwise.
+    // {policy, block forwards, region runs}: full reruns blocks 0 and 1, every:2 block 0 (the
+    // last, block 2, never: Note [The last block is not recomputed]); selective reruns the 3
+    // regions when they are marked, and nothing otherwise.
     const std::vector<std::tuple<std::string, int, int>> expected = {
-        {"full", 6, 6}, {"every:2", 5, 5}, {"selective", 3, mark ? 6 : 3}};
+        {"full", 5, 5}, {"every:2", 4, 4}, {"selective", 3, mark ? 6 : 3}};
     for (const auto& [policy, forwards, region_runs] : expected) {
       SCOPED_TRACE(policy + (mark ? " marked" : " unmarked"));
       const auto r = run_policy(mark, policy);
@@ -706,8 +710,13 @@ TEST(Checkpoint, FusedLmLossBackwardScalesItsSavedGradientInPlace) {
 
 TEST(CheckpointPolicy, ParsesAndRejects) {
   EXPECT_EQ(CheckpointPolicy::parse("every:3").every, 3);
-  EXPECT_TRUE(CheckpointPolicy::parse("every:3").checkpoints_block(3));
-  EXPECT_FALSE(CheckpointPolicy::parse("every:3").checkpoints_block(4));
+  EXPECT_TRUE(CheckpointPolicy::parse("every:3").checkpoints_block(3, 8));
+  EXPECT_FALSE(CheckpointPolicy::parse("every:3").checkpoints_block(4, 8));
+  // Note [The last block is not recomputed]: backward reruns it first, right away.
+  EXPECT_FALSE(CheckpointPolicy::parse("every:3").checkpoints_block(6, 7));
+  EXPECT_TRUE(CheckpointPolicy::parse("full").checkpoints_block(4, 6));
+  EXPECT_FALSE(CheckpointPolicy::parse("full").checkpoints_block(5, 6));
+  EXPECT_FALSE(CheckpointPolicy::parse("full").checkpoints_block(0, 1));
   EXPECT_EQ(CheckpointPolicy::parse("full").to_string(), "full");
   EXPECT_THROW(CheckpointPolicy::parse("sometimes"), lt::ConfigError);
   EXPECT_THROW(CheckpointPolicy::parse("every:0"), lt::ConfigError);
@@ -775,8 +784,10 @@ TEST(Checkpoint, MemoryOrderingNoneSelectiveFullResNet) {
 }
 
 // Note [Packed block inputs]: on the same small ResNet, `full` with packed block inputs peaks
-// at least 5% below the same units keeping them whole (measured: 6.5% NCHW, 8% channels-last;
-// ResNet-50 at micro-batch 8: 16%). Memory repeats to the byte, so the margin is not noise.
+// at least 3% below the same units keeping them whole (measured with the last block not
+// recomputed: NCHW 3.4% at 1 thread, 6.4% at 2 — oneDNN's NCHW workspaces differ by thread
+// count — channels-last 11.4% at both; ResNet-50 at micro-batch 8: 16%). Memory repeats to
+// the byte for a thread count, so the margin is not noise.
 // 224x224 images, so that activations and not weight gradients make the peak.
 TEST(Checkpoint, PackedBlockInputsLowerResNetFullPeak) {
   lt::models::ModelConfig c = tiny("resnet_bottleneck");
@@ -788,7 +799,7 @@ TEST(Checkpoint, PackedBlockInputsLowerResNetFullPeak) {
     const auto whole = activation_peak(c, "full", /*unpacked=*/true), packed = activation_peak(c, "full");
     ::testing::Test::RecordProperty(std::string("whole_") + format, std::to_string(whole));
     ::testing::Test::RecordProperty(std::string("packed_") + format, std::to_string(packed));
-    EXPECT_LT(packed, 0.95 * whole) << format << ": packed " << packed << " whole " << whole;
+    EXPECT_LT(packed, 0.97 * whole) << format << ": packed " << packed << " whole " << whole;
   }
 }
 

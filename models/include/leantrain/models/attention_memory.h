@@ -32,7 +32,7 @@ struct AttentionMemory {
   // [Dropout masks kept as bits] in recompute/src/recompute.cpp), 1/8; 0 otherwise.
   double bits_bytes_per_score = 0;
   int64_t kept_layers = 0;   // layers whose cores keep their tensors from forward to backward
-  int64_t rerun_layers = 0;  // 1 when a recompute reruns cores in backward (one layer at a time), else 0
+  int64_t rerun_layers = 0;  // 1 when a rerun in backward adds a layer to what the kept ones hold (full, selective), else 0
   // The most [B,H,T,T] bytes alive at once in a training step, per sample:
   //   H x T^2 x (kept_layers x kept + rerun_layers x kept + (selective) layers x bits).
   // none: layers x H x T^2 x kept; full: one layer's rerun; 0 when fused.

@@ -53,6 +53,11 @@ struct ConvUnit {
 torch::Tensor in_backward(const ConvUnit& unit, const torch::Tensor& x, const PackedTensor& packed,
                          const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of);
 
+/// Whether this thread is running a checkpointed function's rerun in backward: what that rerun
+/// builds lives only until its own backward, right after, so memory-saving tricks inside it
+/// (GeluLinear's, Note [GELU recomputed in the MLP's backward]) buy nothing there.
+bool rerunning();
+
 /// torch::dropout(x, p, train), bitwise, except inside a checkpointed function on the CPU:
 /// there the mask is kept as one bit per element, and the rerun applies it instead of
 /// drawing it again (Note [Dropout masks kept as bits]).
@@ -74,10 +79,11 @@ struct RecomputePolicy {
   /// "none" | "full" | "every:K" | "selective". Throws ConfigError naming
   /// memory.recompute otherwise ("auto" is resolved by the planner).
   static RecomputePolicy parse(const std::string& text);
-  /// Whether models::Model::apply_recompute's default recomputes registered block `index` whole:
-  /// full: every block; every:K: index % K == 0; none and selective: none (selective
-  /// recomputes only the regions a model marks cheap).
-  bool checkpoints_block(size_t index) const;
+  /// Whether models::Model::apply_recompute's default recomputes registered block `index` of
+  /// `count` whole: full: every block but the last; every:K: index % K == 0, the last
+  /// excepted; none and selective: none (selective recomputes only the regions a model marks
+  /// cheap). Note [The last block is not recomputed] in recompute.cpp.
+  bool checkpoints_block(size_t index, size_t count) const;
   std::string to_string() const;
 };
 }  // namespace lt::recompute
