@@ -327,8 +327,20 @@ GPT::GPT(const lt::models::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_(c
   init_transformer_weights(*this);
 }
 
+namespace {
+
+// The head's part of compute_note: said only where its products leave the autocast dtype.
+std::string head_note(lt::recompute::HeadMatmul m, const c10::Device& device, c10::ScalarType dtype) {
+  if (!lt::recompute::head_products_in_fp32(m, dtype, device.type())) return "";
+  return std::string("; LM head products as fp32 GEMMs of bf16-rounded operands") +
+         (m == lt::recompute::HeadMatmul::kAuto ? " (precision.head_matmul = auto: x86 CPU without AMX-BF16)" : "");
+}
+
+}  // namespace
+
 std::string GPT::compute_note(const c10::Device& device, c10::ScalarType dtype) const {
-  return "attention " + std::static_pointer_cast<GPTBlockImpl>(blocks().front())->attn->backend(device, dtype, seq_len_, true);
+  return "attention " + std::static_pointer_cast<GPTBlockImpl>(blocks().front())->attn->backend(device, dtype, seq_len_, true) +
+         head_note(head_matmul(), device, dtype);
 }
 
 torch::Tensor GPT::hidden(const torch::Tensor& input) {
@@ -344,7 +356,7 @@ torch::Tensor GPT::forward(const torch::Tensor& input) {
 
 torch::Tensor GPT::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
   if (const int64_t fused = fused_loss_chunk_tokens(wte->weight.size(0), input.device().type()))
-    return fused_linear_cross_entropy(hidden(input), wte->weight, torch::Tensor(), target, fused);
+    return fused_linear_cross_entropy(hidden(input), wte->weight, torch::Tensor(), target, fused, head_matmul());
   const int64_t chunk = loss_chunk_tokens(wte->weight.size(0));
   if (chunk == 0) return Model::forward_loss(input, target);
   auto w = wte->weight;
@@ -398,7 +410,8 @@ Bert::Bert(const lt::models::ModelConfig& cfg) : seq_len_(cfg.seq_len), dropout_
 }
 
 std::string Bert::compute_note(const c10::Device& device, c10::ScalarType dtype) const {
-  return "attention " + std::static_pointer_cast<BertBlockImpl>(blocks().front())->attn->backend(device, dtype, seq_len_, true);
+  return "attention " + std::static_pointer_cast<BertBlockImpl>(blocks().front())->attn->backend(device, dtype, seq_len_, true) +
+         head_note(head_matmul(), device, dtype);
 }
 
 torch::Tensor Bert::hidden(const torch::Tensor& input) {
@@ -418,7 +431,8 @@ torch::Tensor Bert::forward_loss(const torch::Tensor& input, const torch::Tensor
     const auto t = target.reshape({-1});
     const auto rows = (t != kIgnoreIndex).nonzero().squeeze(1);
     const auto hv = h.reshape({-1, h.size(-1)}).index_select(0, rows);
-    return fused_linear_cross_entropy(mlm->transform(hv), tok_emb->weight, mlm->bias, t.index_select(0, rows), fused);
+    return fused_linear_cross_entropy(mlm->transform(hv), tok_emb->weight, mlm->bias, t.index_select(0, rows), fused,
+                                      head_matmul());
   }
   const int64_t chunk = loss_chunk_tokens(tok_emb->weight.size(0));
   if (chunk == 0) return Model::forward_loss(input, target);

@@ -3,6 +3,12 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "leantrain/runtime/errors.h"
+
 
 namespace lt::recompute {
 
@@ -22,12 +28,55 @@ namespace lt::recompute {
 // and the head's memory is ~3 chunks plus grad_weight (its per-chunk product is added in
 // blocks of vocabulary rows). Rows whose target is ignored are
 // dropped before the head (BERT's unmasked tokens: ~85 % of its head's work).
-// Precision as the plain path under autocast: the matmuls in the autocast dtype (the weight
+// Precision as the plain path under autocast (except where bf16 GEMMs are slow: Note [Head
+// products in fp32 where bf16 GEMMs are slow], below): the matmuls in the autocast dtype (the weight
 // cast once), the log-softmax in fp32, grad_hidden rounded through that dtype as autocast's
 // cast backward would; grad_weight summed over chunks in fp32, then rounded to that dtype
 // once (the plain path's bf16 matmul rounds it once too). Not under fp16: its
 // gradients here would be computed before the loss scale multiplies them and could underflow
 // (fused_lm_loss_applies). Tested against the plain loss: Checkpoint.FusedLmLossMatchesPlainLoss.
+// Note [Head products in fp32 where bf16 GEMMs are slow]
+// On an x86 CPU without AMX, oneDNN's bf16 GEMM (AVX512-BF16 dot products, or emulated on
+// AVX2) runs below its fp32 GEMM: 139 against 218 GFLOP/s for GPT-2's head product
+// [1024,768] x [768,50257] on 2 threads of the Xeon these benchmarks ran on, and 156 against
+// 315 for the weight gradient's [5461,256] x [256,768] blocks. The head is the largest matmul
+// of a GPT (a third of GPT-6L's step), and the fused loss owns its three products, so under
+// precision.head_matmul = auto (the default) they run there as fp32 GEMMs: the logits from
+// the weight and hidden rounded to bf16, as autocast rounds them, then widened (so the
+// products are the bf16 GEMM's, which also accumulates in fp32, except that the logits are
+// not rounded to bf16 before the fp32 log-softmax); grad_hidden and grad_weight from the fp32
+// logit gradient (not rounded to bf16 first) and the same operands; grad_weight accumulates
+// in fp32 inside the GEMM (beta = 1) instead of in bf16 blocks added to an fp32 sum. Each is
+// at least as accurate as the bf16 product. It costs an fp32 copy of the rounded weight while
+// the chunks run ([V, D]: 154 MB for GPT-2, instead of the bf16 copy's 77 MB). On CUDA and on
+// CPUs with AMX-BF16 the products stay bf16; `autocast` keeps them bf16 everywhere, `fp32`
+// forces this path (tests). GPT-6L seq 256 bf16 full step: docs/BENCH_PEERS.md.
+HeadMatmul parse_head_matmul(const std::string& text) {
+  if (text == "auto") return HeadMatmul::kAuto;
+  if (text == "autocast") return HeadMatmul::kAutocast;
+  if (text == "fp32") return HeadMatmul::kFp32;
+  throw ConfigError("precision.head_matmul = '" + text + "': allowed: auto | autocast | fp32");
+}
+
+bool cpu_bf16_gemm_is_slow() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool slow = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return true;
+    return (d & (1u << 22)) == 0;  // CPUID.(7,0):EDX[22] = AMX-BF16
+  }();
+  return slow;
+#else
+  return false;
+#endif
+}
+
+bool head_products_in_fp32(HeadMatmul choice, c10::ScalarType compute, c10::DeviceType device) {
+  if (compute == torch::kFloat || choice == HeadMatmul::kAutocast) return false;
+  if (choice == HeadMatmul::kFp32) return true;
+  return device == c10::DeviceType::CPU && compute == torch::kBFloat16 && cpu_bf16_gemm_is_slow();
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -35,7 +84,8 @@ using torch::autograd::variable_list;
 
 struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor h, torch::Tensor w, torch::Tensor b,
-                               torch::Tensor target, int64_t chunk, c10::ScalarType compute, bool has_bias) {
+                               torch::Tensor target, int64_t chunk, c10::ScalarType compute, bool has_bias,
+                               bool fp32_products) {
     // Explicit casts below; autocast would cast the weight again for every chunk.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto valid = target != kIgnoreIndex;
@@ -61,14 +111,19 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     auto total = torch::zeros({}, h.options().dtype(torch::kFloat));
     const auto inv_count = count.reciprocal();
     {  // the casts live only through the chunks
-      const auto wc = w.to(compute);
-      const auto bc = has_bias ? b.to(compute) : torch::Tensor();
+      // The products' operands: in the matmul dtype, or rounded to it and widened to fp32
+      // (Note [Head products in fp32 where bf16 GEMMs are slow]).
+      const auto operand = [&](const torch::Tensor& t) {
+        return fp32_products ? t.to(compute).to(torch::kFloat) : t.to(compute);
+      };
+      const auto wc = operand(w);
+      const auto bc = has_bias ? operand(b) : torch::Tensor();
       const auto xc = hv.to(compute);
       const int64_t vocab = w.size(0);
       const int64_t vblock = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, w.size(1)));
       for (int64_t s = 0; s < m; s += chunk) {
         const int64_t len = std::min(chunk, m - s);
-        const auto x = xc.narrow(0, s, len);
+        const auto x = fp32_products ? xc.narrow(0, s, len).to(torch::kFloat) : xc.narrow(0, s, len);
         const auto t = tv.narrow(0, s, len).unsqueeze(1);
         // One fused log-softmax (the kernel cross-entropy runs) instead of logsumexp's passes
         // and a subtraction: the chunk's losses are -log p[target].
@@ -79,6 +134,15 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
         logp.exp_();
         logp.scatter_add_(1, t, torch::full({len, 1}, -1.0f, logp.options()));
         logp.mul_(inv_count);
+        if (fp32_products) {
+          // fp32 GEMMs from the fp32 logit gradient; grad_weight accumulates inside the GEMM.
+          grad_hv.narrow(0, s, len).copy_(at::mm(logp, wc));
+          if (one_chunk) grad_w = at::mm(logp.t(), x);
+          else if (s == 0) at::mm_out(grad_w, logp.t(), x);
+          else grad_w.addmm_(logp.t(), x);
+          if (grad_b.defined()) grad_b.add_(logp.sum(0));
+          continue;
+        }
         const auto g = logp.to(compute);
         logp = torch::Tensor();
         auto gh = grad_hv.narrow(0, s, len);
@@ -139,7 +203,7 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     auto grad_h = scaled(take("grad_h"), h_dtype);
     auto grad_w = scaled(take("grad_w"), w_dtype);
     return {grad_h, grad_w, grad_b.defined() ? grad_b * g : torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -154,7 +218,7 @@ int64_t lm_loss_chunk_tokens(int64_t vocab) { return std::max<int64_t>(64, (int6
 
 torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                          const torch::Tensor& bias, const torch::Tensor& target,
-                                         int64_t chunk_tokens) {
+                                         int64_t chunk_tokens, HeadMatmul matmul) {
   TORCH_CHECK(chunk_tokens > 0, "fused_linear_cross_entropy: chunk_tokens must be > 0, got ", chunk_tokens);
   const auto h = hidden.reshape({-1, hidden.size(-1)});
   const auto t = target.reshape({-1});
@@ -166,7 +230,7 @@ torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torc
   // An undefined tensor cannot be a custom function's input: without a bias, an empty one.
   const bool has_bias = bias.defined();
   return FusedLinearCrossEntropy::apply(h, weight, has_bias ? bias : torch::empty({0}, h.options()), t, chunk_tokens,
-                                        compute, has_bias);
+                                        compute, has_bias, head_products_in_fp32(matmul, compute, device));
 }
 
 }  // namespace lt::recompute

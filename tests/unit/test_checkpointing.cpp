@@ -597,12 +597,16 @@ TEST(Checkpoint, FusedAndChunkedLmLossMatchPlainLoss) {
       c.dropout = 0.0;
       auto [x, y] = batch_for(c);
       if (std::string(kind) == "bert") y.index_put_({torch::rand(y.sizes()) < 0.7}, lt::models::kIgnoreIndex);
-      enum class Head { kPlain, kChunked, kFused, kFusedOneChunk };
+      enum class Head { kPlain, kChunked, kFused, kFusedOneChunk, kFusedFp32 };
       auto grads_for = [&](Head head, double& loss) {
         torch::manual_seed(1);
         auto model = lt::models::build_model(c);
         model->train();
-        model->set_fused_loss(head == Head::kFused || head == Head::kFusedOneChunk);
+        model->set_fused_loss(head == Head::kFused || head == Head::kFusedOneChunk || head == Head::kFusedFp32);
+        // Note [Head products in fp32 where bf16 GEMMs are slow]: the autocast dtype's
+        // products, or fp32 ones, whichever this CPU's `auto` would pick.
+        model->set_head_matmul(head == Head::kFusedFp32 ? lt::recompute::HeadMatmul::kFp32
+                                                        : lt::recompute::HeadMatmul::kAutocast);
         // 48 tokens in 7 chunks, the last one short; or all in one
         model->set_loss_chunk_tokens(head == Head::kPlain ? 0 : (head == Head::kFusedOneChunk ? 64 : 7));
         torch::Tensor l;
@@ -621,8 +625,10 @@ TEST(Checkpoint, FusedAndChunkedLmLossMatchPlainLoss) {
       const auto plain = grads_for(Head::kPlain, plain_loss);
       const auto chunked = grads_for(Head::kChunked, chunk_loss);
       const auto fused = grads_for(Head::kFused, fused_loss);
-      double one_loss = 0;
+      double one_loss = 0, fp32_loss = 0;
       const auto one = grads_for(Head::kFusedOneChunk, one_loss);
+      const auto fp32 = grads_for(Head::kFusedFp32, fp32_loss);
+      EXPECT_NEAR(fp32_loss, plain_loss, (bf16 ? 1e-2 : 1e-6) * plain_loss);
       EXPECT_NEAR(one_loss, plain_loss, (bf16 ? 1e-2 : 1e-6) * plain_loss);
       const double rtol = bf16 ? 2e-2 : 1e-4, atol = bf16 ? 2e-3 : 1e-6;
       EXPECT_NEAR(chunk_loss, plain_loss, (bf16 ? 1e-2 : 1e-6) * plain_loss);
@@ -630,10 +636,76 @@ TEST(Checkpoint, FusedAndChunkedLmLossMatchPlainLoss) {
       for (size_t i = 0; i < plain.size(); ++i) {
         EXPECT_TRUE(torch::allclose(plain[i], chunked[i], rtol, atol)) << i;
         EXPECT_TRUE(torch::allclose(plain[i], one[i], rtol, atol)) << i;
+        EXPECT_TRUE(torch::allclose(plain[i], fp32[i], rtol, atol)) << i;
+        if (!bf16) EXPECT_TRUE(torch::equal(fused[i], fp32[i])) << i;  // without autocast: one path
         EXPECT_TRUE(torch::allclose(plain[i], fused[i], rtol, atol))
             << i << " max diff " << (plain[i] - fused[i]).abs().max().item<double>();
       }
     }
+  }
+}
+
+// Note [Head products in fp32 where bf16 GEMMs are slow]: under bf16 autocast the fp32 head
+// products are at least as accurate as the bf16 ones against an fp64 head of the same
+// bf16-rounded operands (loss, and the norms of the three gradients' errors), and the loss
+// to 1e-5 where the bf16 logits give ~1e-3; `auto` picks them on an x86 CPU without AMX-BF16
+// only, and never outside bf16 or on CUDA; a bad precision.head_matmul is a ConfigError.
+TEST(Checkpoint, FusedLmLossHeadProductsInFp32AreAtLeastAsAccurate) {
+  using lt::recompute::HeadMatmul;
+  const int64_t n = 300, d = 64, vocab = 1000;
+  torch::manual_seed(8);
+  const auto h0 = torch::randn({n, d});
+  const auto w0 = torch::randn({vocab, d}) * 0.5;
+  const auto b0 = torch::randn({vocab}) * 0.5;
+  auto t = torch::randint(0, vocab, {n});
+  t.index_put_({torch::rand({n}) < 0.3}, lt::recompute::kIgnoreIndex);
+  struct Out {
+    double loss;
+    torch::Tensor gh, gw, gb;
+  };
+  auto run = [&](HeadMatmul m) {
+    auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    torch::Tensor loss;
+    {
+      lt::trainers::AutocastGuard ac("bf16", torch::kCPU);
+      loss = lt::recompute::fused_linear_cross_entropy(h, w, b, t, 64, m);  // 210 rows: 4 chunks
+    }
+    loss.backward();
+    return Out{loss.item<double>(), h.grad(), w.grad(), b.grad()};
+  };
+  // fp64 reference on the operands autocast rounds: hidden, weight and bias in bf16.
+  auto r = [](const torch::Tensor& x) { return x.to(torch::kBFloat16).to(torch::kDouble); };
+  auto h = r(h0).requires_grad_(true), w = r(w0).requires_grad_(true), b = r(b0).requires_grad_(true);
+  auto ref_loss = torch::nn::functional::cross_entropy(
+      torch::nn::functional::linear(h, w, b), t, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+  ref_loss.backward();
+  const Out ref{ref_loss.item<double>(), h.grad(), w.grad(), b.grad()};
+  const Out fp32 = run(HeadMatmul::kFp32), bf = run(HeadMatmul::kAutocast);
+  auto err = [](const torch::Tensor& a, const torch::Tensor& ref) {
+    return (a.to(torch::kDouble) - ref).norm().item<double>() / ref.norm().item<double>();
+  };
+  EXPECT_LT(std::abs(fp32.loss - ref.loss), 1e-5 * ref.loss);
+  EXPECT_LE(std::abs(fp32.loss - ref.loss), std::abs(bf.loss - ref.loss));
+  EXPECT_GT(std::abs(bf.loss - ref.loss), 1e-5 * ref.loss);  // the bf16 logits' rounding shows
+  for (auto [name, a, c, ref_g] : {std::make_tuple("hidden", fp32.gh, bf.gh, ref.gh),
+                                   std::make_tuple("weight", fp32.gw, bf.gw, ref.gw),
+                                   std::make_tuple("bias", fp32.gb, bf.gb, ref.gb)}) {
+    SCOPED_TRACE(name);
+    EXPECT_LT(err(a, ref_g), 1e-2);
+    EXPECT_LE(err(a, ref_g), err(c, ref_g));
+  }
+  EXPECT_EQ(lt::recompute::head_products_in_fp32(HeadMatmul::kAuto, torch::kBFloat16, c10::DeviceType::CPU),
+            lt::recompute::cpu_bf16_gemm_is_slow());
+  EXPECT_FALSE(lt::recompute::head_products_in_fp32(HeadMatmul::kAuto, torch::kBFloat16, c10::DeviceType::CUDA));
+  EXPECT_FALSE(lt::recompute::head_products_in_fp32(HeadMatmul::kFp32, torch::kFloat, c10::DeviceType::CPU));
+  EXPECT_FALSE(lt::recompute::head_products_in_fp32(HeadMatmul::kAutocast, torch::kBFloat16, c10::DeviceType::CPU));
+  EXPECT_TRUE(lt::recompute::head_products_in_fp32(HeadMatmul::kFp32, torch::kBFloat16, c10::DeviceType::CUDA));
+  EXPECT_EQ(lt::recompute::parse_head_matmul("autocast"), HeadMatmul::kAutocast);
+  try {
+    lt::recompute::parse_head_matmul("bf16");
+    FAIL() << "head_matmul = bf16 was accepted";
+  } catch (const lt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("precision.head_matmul"), std::string::npos) << e.what();
   }
 }
 

@@ -126,6 +126,11 @@ TEST(ConfigValidate, EnumsListAllowedValues) {
   auto msg = config_error([&] { lt::validate(c, 1); });
   EXPECT_CONTAINS(msg, "precision.mode = 'fp8'");
   EXPECT_CONTAINS(msg, "fp32 | bf16 | fp16");
+  c = valid();
+  c.precision.head_matmul = "bf16";
+  msg = config_error([&] { lt::validate(c, 1); });
+  EXPECT_CONTAINS(msg, "precision.head_matmul = 'bf16'");
+  EXPECT_CONTAINS(msg, "auto | autocast | fp32");
 }
 
 // Keys owned by another component are checked there, once (config.h: validate): runtime

@@ -97,6 +97,9 @@ class Model : public torch::nn::Module {
   void set_loss_chunk_tokens(int64_t n) { loss_chunk_tokens_ = n; }
   /// The fused head + loss (on by default; off: the paths above, e.g. to compare with them).
   void set_fused_loss(bool on) { fused_loss_ = on; }
+  /// How the fused head's products run under bf16 (precision.head_matmul; lm_loss.h).
+  void set_head_matmul(recompute::HeadMatmul m) { head_matmul_ = m; }
+  recompute::HeadMatmul head_matmul() const { return head_matmul_; }
 
   /// The repeated blocks in forward order (the unit of whole-block recompute).
   const std::vector<std::shared_ptr<BlockImpl>>& blocks() const { return blocks_; }
@@ -159,6 +162,7 @@ class Model : public torch::nn::Module {
   std::vector<std::pair<std::string, CheapRegion>> cheap_regions_;
   int64_t loss_chunk_tokens_ = 0;
   bool fused_loss_ = true;
+  recompute::HeadMatmul head_matmul_ = recompute::HeadMatmul::kAuto;
 };
 
 /// Builds the built-in model cfg.kind names (gpt | bert | resnet | mlp), initialised as

@@ -15,9 +15,24 @@ constexpr int64_t kIgnoreIndex = -100;
 /// incoming gradient. hidden [..., D], weight [V, D], bias [V] or undefined, target [...].
 /// The matmuls run in the autocast dtype of hidden's device when autocast is on (else in
 /// hidden's dtype); the softmax and the sums in fp32.
+/// How the fused head's three products run under bf16 autocast (precision.head_matmul;
+/// Note [Head products in fp32 where bf16 GEMMs are slow] in lm_loss.cpp):
+///  - kAuto: as kFp32 on an x86 CPU without AMX-BF16 (oneDNN's bf16 GEMM there runs below its
+///    fp32 GEMM), else as kAutocast;
+///  - kAutocast: in the autocast dtype, as the plain head's autocast linear;
+///  - kFp32: fp32 GEMMs of the bf16-rounded weight and hidden and the fp32 logit gradient.
+/// Without autocast (fp32) all three are the same.
+enum class HeadMatmul { kAuto, kAutocast, kFp32 };
+/// "auto" | "autocast" | "fp32"; throws ConfigError naming precision.head_matmul otherwise.
+HeadMatmul parse_head_matmul(const std::string& text);
+/// Whether the products run in fp32 under `choice` for a head computing in `compute` on `device`.
+bool head_products_in_fp32(HeadMatmul choice, c10::ScalarType compute, c10::DeviceType device);
+/// This CPU: x86 without AMX-BF16 (cpuid), where kAuto picks fp32.
+bool cpu_bf16_gemm_is_slow();
+
 torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                          const torch::Tensor& bias, const torch::Tensor& target,
-                                         int64_t chunk_tokens);
+                                         int64_t chunk_tokens, HeadMatmul matmul = HeadMatmul::kAuto);
 
 /// Whether the fused loss is used for a training forward on `device` right now: grad mode
 /// on and autocast not in fp16 (fp16's gradients computed before the loss scale is applied

@@ -64,6 +64,9 @@ struct PrecisionConfig {
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
+  // The fused LM head's products under bf16: auto | autocast | fp32 (recompute/lm_loss.h,
+  // HeadMatmul; auto: fp32 GEMMs on an x86 CPU without AMX-BF16, else bf16).
+  std::string head_matmul = "auto";
 };
 
 struct MemoryConfig {
