@@ -343,9 +343,11 @@ std::string GPT::compute_note(const c10::Device& device, c10::ScalarType dtype) 
          head_note(head_matmul(), device, dtype);
 }
 
-torch::Tensor GPT::hidden(const torch::Tensor& input) {
+torch::Tensor GPT::hidden(const torch::Tensor& input) { return hidden(input, {}); }
+
+torch::Tensor GPT::hidden(const torch::Tensor& input, const c10::intrusive_ptr<TiedGradSlot>& slot) {
   auto pos = check_ids(input, seq_len_, "GPT");
-  auto x = lt::recompute::dropout(wte(input) + wpe(pos), dropout_, is_training());
+  auto x = lt::recompute::dropout(tied_embedding(wte->weight, input, slot) + wpe(pos), dropout_, is_training());
   for (size_t i = 0; i < blocks().size(); ++i) x = run_block(i, x);
   return ln_f(x);
 }
@@ -355,8 +357,11 @@ torch::Tensor GPT::forward(const torch::Tensor& input) {
 }
 
 torch::Tensor GPT::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
-  if (const int64_t fused = fused_loss_chunk_tokens(wte->weight.size(0), input.device().type()))
-    return fused_linear_cross_entropy(hidden(input), wte->weight, torch::Tensor(), target, fused, head_matmul());
+  if (const int64_t fused = fused_loss_chunk_tokens(wte->weight.size(0), input.device().type())) {
+    auto slot = c10::make_intrusive<TiedGradSlot>();
+    return fused_linear_cross_entropy(hidden(input, slot), wte->weight, torch::Tensor(), target, fused, head_matmul(),
+                                      slot);
+  }
   const int64_t chunk = loss_chunk_tokens(wte->weight.size(0));
   if (chunk == 0) return Model::forward_loss(input, target);
   auto w = wte->weight;
@@ -414,9 +419,11 @@ std::string Bert::compute_note(const c10::Device& device, c10::ScalarType dtype)
          head_note(head_matmul(), device, dtype);
 }
 
-torch::Tensor Bert::hidden(const torch::Tensor& input) {
+torch::Tensor Bert::hidden(const torch::Tensor& input) { return hidden(input, {}); }
+
+torch::Tensor Bert::hidden(const torch::Tensor& input, const c10::intrusive_ptr<TiedGradSlot>& slot) {
   auto pos = check_ids(input, seq_len_, "BERT");
-  auto x = tok_emb(input) + pos_emb(pos) + type_emb->weight[0];
+  auto x = tied_embedding(tok_emb->weight, input, slot) + pos_emb(pos) + type_emb->weight[0];
   x = lt::recompute::dropout(emb_ln(x), dropout_, is_training());
   for (size_t i = 0; i < blocks().size(); ++i) x = run_block(i, x);
   return x;
@@ -427,12 +434,13 @@ torch::Tensor Bert::forward(const torch::Tensor& input) { return mlm->forward(hi
 torch::Tensor Bert::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
   if (const int64_t fused = fused_loss_chunk_tokens(tok_emb->weight.size(0), input.device().type())) {
     // Only the masked tokens reach the head (Note [Fused LM loss]): its transform too.
-    auto h = hidden(input);
+    auto slot = c10::make_intrusive<TiedGradSlot>();
+    auto h = hidden(input, slot);
     const auto t = target.reshape({-1});
     const auto rows = (t != kIgnoreIndex).nonzero().squeeze(1);
     const auto hv = h.reshape({-1, h.size(-1)}).index_select(0, rows);
     return fused_linear_cross_entropy(mlm->transform(hv), tok_emb->weight, mlm->bias, t.index_select(0, rows), fused,
-                                      head_matmul());
+                                      head_matmul(), slot);
   }
   const int64_t chunk = loss_chunk_tokens(tok_emb->weight.size(0));
   if (chunk == 0) return Model::forward_loss(input, target);

@@ -85,7 +85,7 @@ using torch::autograd::variable_list;
 struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor h, torch::Tensor w, torch::Tensor b,
                                torch::Tensor target, int64_t chunk, c10::ScalarType compute, bool has_bias,
-                               bool fp32_products) {
+                               bool fp32_products, c10::intrusive_ptr<TiedGradSlot> slot) {
     // Explicit casts below; autocast would cast the weight again for every chunk.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto valid = target != kIgnoreIndex;
@@ -178,6 +178,7 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     ctx->saved_data["grad_b"] = grad_b;
     ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    if (slot) ctx->saved_data["slot"] = c10::IValue::make_capsule(slot);
     return total * inv_count;
   }
 
@@ -202,8 +203,58 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     auto scaled = [&g](const torch::Tensor& saved, c10::ScalarType dtype) { return saved.to(dtype).mul_(g); };
     auto grad_h = scaled(take("grad_h"), h_dtype);
     auto grad_w = scaled(take("grad_w"), w_dtype);
+    if (auto it = ctx->saved_data.find("slot"); it != ctx->saved_data.end()) {
+      // Note [Tied embedding's gradient added into the head's]
+      c10::static_intrusive_pointer_cast<TiedGradSlot>(it->second.toCapsule())->grad = grad_w;
+      ctx->saved_data.erase(it);
+    }
     return {grad_h, grad_w, grad_b.defined() ? grad_b * g : torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Note [Tied embedding's gradient added into the head's]
+// GPT's wte and BERT's tok_emb are also their heads' weights, so backward makes two [V, D]
+// gradients for one parameter and autograd adds them: the embedding's, which
+// embedding_dense_backward builds by zero-filling a fresh [V, D] tensor (page faults and a
+// pass: 38 ms for GPT-2's 154 MB on 2 threads) and adding each token's row into it, and then
+// the sum of the two (another pass over three [V, D] tensors' bytes) — per micro-batch, though
+// only the rows of the batch's distinct tokens are non-zero. The fused head's backward runs
+// first (the embedding's gradient comes from the blocks' backward, which starts from the
+// head's grad_hidden) and leaves its weight gradient in a TiedGradSlot; the embedding's
+// backward then adds its rows into that tensor, which autograd is holding for the weight
+// (it accumulates into .grad only once every edge to the weight has delivered), and returns
+// no gradient. Bitwise the same sums: each distinct token's rows are first summed in token
+// order from zero, as embedding_dense_backward sums them, then added to the head's row once,
+// as autograd adds the two gradients. Without a fused head in the same forward (plain or
+// chunked loss, fp16, eval) the slot stays empty and the dense gradient is returned.
+struct TiedEmbedding : torch::autograd::Function<TiedEmbedding> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& weight, const torch::Tensor& ids,
+                               c10::intrusive_ptr<TiedGradSlot> slot) {
+    ctx->saved_data["ids"] = ids;
+    ctx->saved_data["rows"] = weight.size(0);
+    ctx->saved_data["slot"] = c10::IValue::make_capsule(std::move(slot));
+    return at::embedding(weight, ids);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto ids = ctx->saved_data["ids"].toTensor();
+    const int64_t rows = ctx->saved_data["rows"].toInt();
+    auto slot = c10::static_intrusive_pointer_cast<TiedGradSlot>(ctx->saved_data["slot"].toCapsule());
+    auto head = std::move(slot->grad);
+    slot->grad = torch::Tensor();
+    const auto& g = grad_out[0];
+    if (!head.defined() || head.dim() != 2 || head.size(0) != rows || head.size(1) != g.size(-1) ||
+        head.device() != g.device() || !head.is_contiguous())
+      return {at::embedding_backward(g, ids, rows, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false,
+                                     /*sparse=*/false),
+              torch::Tensor(), torch::Tensor()};
+    const auto flat = ids.reshape({-1});
+    const auto [tokens, inverse, counts] = at::_unique2(flat, /*sorted=*/true, /*return_inverse=*/true);
+    auto sums = torch::zeros({tokens.size(0), g.size(-1)}, g.options());
+    sums.index_add_(0, inverse, g.reshape({-1, g.size(-1)}));
+    head.index_add_(0, tokens, sums.to(head.scalar_type()));
+    return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -218,7 +269,8 @@ int64_t lm_loss_chunk_tokens(int64_t vocab) { return std::max<int64_t>(64, (int6
 
 torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                          const torch::Tensor& bias, const torch::Tensor& target,
-                                         int64_t chunk_tokens, HeadMatmul matmul) {
+                                         int64_t chunk_tokens, HeadMatmul matmul,
+                                         const c10::intrusive_ptr<TiedGradSlot>& slot) {
   TORCH_CHECK(chunk_tokens > 0, "fused_linear_cross_entropy: chunk_tokens must be > 0, got ", chunk_tokens);
   const auto h = hidden.reshape({-1, hidden.size(-1)});
   const auto t = target.reshape({-1});
@@ -230,7 +282,13 @@ torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torc
   // An undefined tensor cannot be a custom function's input: without a bias, an empty one.
   const bool has_bias = bias.defined();
   return FusedLinearCrossEntropy::apply(h, weight, has_bias ? bias : torch::empty({0}, h.options()), t, chunk_tokens,
-                                        compute, has_bias, head_products_in_fp32(matmul, compute, device));
+                                        compute, has_bias, head_products_in_fp32(matmul, compute, device), slot);
+}
+
+torch::Tensor tied_embedding(const torch::Tensor& weight, const torch::Tensor& ids,
+                             const c10::intrusive_ptr<TiedGradSlot>& slot) {
+  if (!slot || !torch::GradMode::is_enabled() || !weight.requires_grad()) return at::embedding(weight, ids);
+  return TiedEmbedding::apply(weight, ids, slot);
 }
 
 }  // namespace lt::recompute

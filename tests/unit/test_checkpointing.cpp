@@ -6,9 +6,12 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <set>
 
 #include "leantrain/recompute/recompute.h"
 #include "leantrain/recompute/lm_loss.h"
+#include "leantrain/models/bert.h"
+#include "leantrain/models/gpt.h"
 #include "leantrain/models/model.h"
 #include "leantrain/models/resnet.h"
 #include "leantrain/runtime/errors.h"
@@ -707,6 +710,86 @@ TEST(Checkpoint, FusedLmLossHeadProductsInFp32AreAtLeastAsAccurate) {
   } catch (const lt::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("precision.head_matmul"), std::string::npos) << e.what();
   }
+}
+
+// Note [Tied embedding's gradient added into the head's]: GPT's and BERT's training steps
+// through the fused head, whose token embedding adds its rows into the head's weight
+// gradient, give every gradient bitwise as the same model with a plain embedding (hidden()
+// without a slot, the same fused head), in fp32 and bf16, over two micro-batches; the graph
+// has the TiedEmbedding node and not EmbeddingBackward0 for the token embedding. Without a
+// fused head in the same backward, tied_embedding returns the dense gradient.
+TEST(Checkpoint, TiedEmbeddingAddsIntoTheHeadsGradientBitwise) {
+  auto nodes_named = [](const torch::Tensor& out, const std::string& name) {
+    std::vector<torch::autograd::Node*> todo{out.grad_fn().get()};
+    std::set<torch::autograd::Node*> seen;
+    int n = 0;
+    while (!todo.empty()) {
+      auto* node = todo.back();
+      todo.pop_back();
+      if (node == nullptr || !seen.insert(node).second) continue;
+      if (node->name().find(name) != std::string::npos) ++n;
+      for (const auto& e : node->next_edges()) todo.push_back(e.function.get());
+    }
+    return n;
+  };
+  for (const char* kind : {"gpt", "bert"})
+    for (const char* precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(std::string(kind) + " " + precision);
+      auto c = tiny(kind);
+      c.dropout = 0.0;
+      auto [x, y] = batch_for(c);
+      if (std::string(kind) == "bert") y.index_put_({torch::rand(y.sizes()) < 0.7}, lt::models::kIgnoreIndex);
+      auto grads_for = [&](bool tied, int& tied_nodes, int& dense_nodes) {
+        torch::manual_seed(1);
+        auto model = lt::models::build_model(c);
+        model->train();
+        model->set_loss_chunk_tokens(16);  // the fused head's chunk, as below
+        for (int micro = 0; micro < 2; ++micro) {
+          torch::Tensor loss;
+          {
+            lt::trainers::AutocastGuard ac(precision, torch::kCPU);
+            if (tied) {
+              loss = model->forward_loss(x, y);
+            } else if (auto* gpt = dynamic_cast<lt::models::GPT*>(model.get())) {
+              loss = lt::recompute::fused_linear_cross_entropy(gpt->hidden(x), gpt->wte->weight, torch::Tensor(), y,
+                                                               16);
+            } else {
+              auto& bert = dynamic_cast<lt::models::Bert&>(*model);
+              const auto t = y.reshape({-1});
+              const auto rows = (t != lt::recompute::kIgnoreIndex).nonzero().squeeze(1);
+              const auto h = bert.hidden(x);
+              const auto hv = h.reshape({-1, h.size(-1)}).index_select(0, rows);
+              loss = lt::recompute::fused_linear_cross_entropy(bert.mlm->transform(hv), bert.tok_emb->weight,
+                                                               bert.mlm->bias, t.index_select(0, rows), 16);
+            }
+          }
+          tied_nodes = nodes_named(loss, "TiedEmbedding");
+          dense_nodes = nodes_named(loss, "EmbeddingBackward");
+          (loss * 0.5).backward();
+        }
+        std::vector<torch::Tensor> g;
+        for (auto& p : model->parameters()) g.push_back(p.grad().clone());
+        return g;
+      };
+      int tied_nodes = 0, dense_nodes = 0, plain_tied = 0, plain_dense = 0;
+      const auto tied = grads_for(true, tied_nodes, dense_nodes);
+      const auto plain = grads_for(false, plain_tied, plain_dense);
+      EXPECT_EQ(tied_nodes, 1);
+      EXPECT_EQ(plain_tied, 0);
+      EXPECT_EQ(plain_dense, dense_nodes + 1);  // the token embedding's
+      ASSERT_EQ(tied.size(), plain.size());
+      for (size_t i = 0; i < tied.size(); ++i) EXPECT_TRUE(torch::equal(tied[i], plain[i])) << i;
+    }
+  // No fused head in the same backward: the dense gradient.
+  torch::manual_seed(2);
+  auto w = torch::randn({50, 8}).requires_grad_(true);
+  const auto ids = torch::randint(0, 50, {4, 6});
+  const auto up = torch::randn({4, 6, 8});
+  (lt::recompute::tied_embedding(w, ids, c10::make_intrusive<lt::recompute::TiedGradSlot>()) * up).sum().backward();
+  const auto tied_grad = w.grad().clone();
+  w.mutable_grad() = torch::Tensor();
+  (torch::embedding(w, ids) * up).sum().backward();
+  EXPECT_TRUE(torch::equal(tied_grad, w.grad()));
 }
 
 // The fused loss holds no [N,V] logits: its activation peak on a head-dominated model (vocab

@@ -57,6 +57,9 @@ class GPT : public Model {
   std::string compute_note(const c10::Device& device, c10::ScalarType dtype) const override;
   /// The final hidden states ln_f(blocks(embeddings)), [B,T,D].
   torch::Tensor hidden(const torch::Tensor& input);
+  /// The same, the token embedding's backward adding into the fused head's weight gradient
+  /// through `slot` (Note [Tied embedding's gradient added into the head's], lm_loss.cpp).
+  torch::Tensor hidden(const torch::Tensor& input, const c10::intrusive_ptr<recompute::TiedGradSlot>& slot);
 
   torch::nn::Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};

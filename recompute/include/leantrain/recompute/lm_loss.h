@@ -30,9 +30,23 @@ bool head_products_in_fp32(HeadMatmul choice, c10::ScalarType compute, c10::Devi
 /// This CPU: x86 without AMX-BF16 (cpuid), where kAuto picks fp32.
 bool cpu_bf16_gemm_is_slow();
 
+/// Where a fused head's backward leaves its weight gradient for the embedding tied to that
+/// weight (Note [Tied embedding's gradient added into the head's] in lm_loss.cpp): one per
+/// forward, handed to tied_embedding and fused_linear_cross_entropy.
+struct TiedGradSlot : torch::CustomClassHolder {
+  torch::Tensor grad;
+};
+
+/// torch::embedding(weight, ids) (no padding index, no scaling by frequency) whose backward,
+/// when `slot` holds the weight gradient the fused head computed in the same backward, adds
+/// its rows into that tensor and returns none; else the dense gradient as torch::embedding's.
+torch::Tensor tied_embedding(const torch::Tensor& weight, const torch::Tensor& ids,
+                             const c10::intrusive_ptr<TiedGradSlot>& slot);
+
 torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                          const torch::Tensor& bias, const torch::Tensor& target,
-                                         int64_t chunk_tokens, HeadMatmul matmul = HeadMatmul::kAuto);
+                                         int64_t chunk_tokens, HeadMatmul matmul = HeadMatmul::kAuto,
+                                         const c10::intrusive_ptr<TiedGradSlot>& slot = {});
 
 /// Whether the fused loss is used for a training forward on `device` right now: grad mode
 /// on and autocast not in fp16 (fp16's gradients computed before the loss scale is applied
