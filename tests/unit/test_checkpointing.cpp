@@ -6,10 +6,10 @@
 #include <torch/torch.h>
 
 #include <map>
-#include <set>
 
 #include "leantrain/recompute/recompute.h"
 #include "leantrain/recompute/lm_loss.h"
+#include "autograd_nodes.h"
 #include "leantrain/models/bert.h"
 #include "leantrain/models/gpt.h"
 #include "leantrain/models/model.h"
@@ -719,19 +719,6 @@ TEST(Checkpoint, FusedLmLossHeadProductsInFp32AreAtLeastAsAccurate) {
 // has the TiedEmbedding node and not EmbeddingBackward0 for the token embedding. Without a
 // fused head in the same backward, tied_embedding returns the dense gradient.
 TEST(Checkpoint, TiedEmbeddingAddsIntoTheHeadsGradientBitwise) {
-  auto nodes_named = [](const torch::Tensor& out, const std::string& name) {
-    std::vector<torch::autograd::Node*> todo{out.grad_fn().get()};
-    std::set<torch::autograd::Node*> seen;
-    int n = 0;
-    while (!todo.empty()) {
-      auto* node = todo.back();
-      todo.pop_back();
-      if (node == nullptr || !seen.insert(node).second) continue;
-      if (node->name().find(name) != std::string::npos) ++n;
-      for (const auto& e : node->next_edges()) todo.push_back(e.function.get());
-    }
-    return n;
-  };
   for (const char* kind : {"gpt", "bert"})
     for (const char* precision : {"fp32", "bf16"}) {
       SCOPED_TRACE(std::string(kind) + " " + precision);
@@ -763,8 +750,8 @@ TEST(Checkpoint, TiedEmbeddingAddsIntoTheHeadsGradientBitwise) {
                                                                bert.mlm->bias, t.index_select(0, rows), 16);
             }
           }
-          tied_nodes = nodes_named(loss, "TiedEmbedding");
-          dense_nodes = nodes_named(loss, "EmbeddingBackward");
+          tied_nodes = lt_test::count_nodes(loss, "TiedEmbedding");
+          dense_nodes = lt_test::count_nodes(loss, "EmbeddingBackward");
           (loss * 0.5).backward();
         }
         std::vector<torch::Tensor> g;

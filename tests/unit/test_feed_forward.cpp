@@ -9,10 +9,10 @@
 #include <torch/torch.h>
 
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "autograd_nodes.h"
 #include "leantrain/models/attention.h"
 #include "leantrain/models/model.h"
 #include "leantrain/recompute/recompute.h"
@@ -276,19 +276,7 @@ struct Step {
   int64_t custom;  // GeluLinear nodes in the forward's graph (under full only the last block's, which is not rerun)
 };
 
-int64_t gelu_linear_nodes(const torch::Tensor& out) {
-  std::vector<torch::autograd::Node*> todo{out.grad_fn().get()};
-  std::set<torch::autograd::Node*> seen;
-  int64_t n = 0;
-  while (!todo.empty()) {
-    auto* node = todo.back();
-    todo.pop_back();
-    if (node == nullptr || !seen.insert(node).second) continue;
-    if (node->name().find("GeluLinear") != std::string::npos) ++n;
-    for (const auto& e : node->next_edges()) todo.push_back(e.function.get());
-  }
-  return n;
-}
+int64_t gelu_linear_nodes(const torch::Tensor& out) { return lt_test::count_nodes(out, "GeluLinear"); }
 
 Step model_step(const lt::models::ModelConfig& c, const std::string& policy, bool bf16, bool recompute_gelu) {
   torch::manual_seed(11);

@@ -110,7 +110,8 @@ class Model : public torch::nn::Module {
   /// replacing what an earlier call installed. The default, for any model:
   ///  - none: nothing is recomputed;
   ///  - full / every:K: the blocks registered with add_block (all of them / blocks 0, K,
-  ///    2K, ...) are recomputed whole, in training with autograd on, through the block
+  ///    2K, ...; never the last, which backward reruns first: Note [The last block is not
+  ///    recomputed]) are recomputed whole, in training with autograd on, through the block
   ///    runner; language models also compute their head + loss in recomputed chunks
   ///    (set_loss_chunk_tokens(-1); Note [Chunked LM loss] in recompute/src/recompute.cpp);
   ///  - selective: only the regions marked with mark_cheap are recomputed (GPT and BERT
