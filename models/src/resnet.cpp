@@ -255,17 +255,18 @@ namespace {
 // 56x56 activations are half of the network's for about a fifth of its forward time.
 ResNetCheckpointUnits resnet_units(const ResNet& net, const RecomputePolicy& policy) {
   ResNetCheckpointUnits u;
-  size_t n = 0;
+  const size_t count = net.blocks().size();
   if (policy.kind == RecomputePolicy::Kind::kFull) {
-    // Every block but the last (Note [The last block is not recomputed], recompute.cpp).
-    n = net.blocks().empty() ? 0 : net.blocks().size() - 1;
+    // The blocks the policy recomputes: all but the last (Note [The last block is not
+    // recomputed], recompute.cpp).
+    for (size_t i = 0; i < count; ++i)
+      if (policy.checkpoints_block(i, count)) u.split.push_back(i);
   } else if (policy.kind == RecomputePolicy::Kind::kSelective) {
-    n = static_cast<size_t>(net.stage_blocks().front());
+    for (size_t i = 0; i < static_cast<size_t>(net.stage_blocks().front()); ++i) u.split.push_back(i);
   } else {
     return u;
   }
   u.stem = true;
-  for (size_t i = 0; i < n; ++i) u.split.push_back(i);
   // Packing costs a pass over each block input in forward and two in backward: `full`, which
   // is there for the least memory, pays it; `selective`, which is there to stay fast, does not.
   u.packed = policy.kind == RecomputePolicy::Kind::kFull;
