@@ -75,9 +75,9 @@ int64_t Model::loss_chunk_tokens(int64_t vocab) const {
   return lm_loss_chunk_tokens(vocab);
 }
 
-int64_t Model::fused_loss_chunk_tokens(int64_t vocab, c10::DeviceType device) const {
+int64_t Model::fused_loss_chunk_tokens(int64_t vocab, int64_t dim, c10::DeviceType device) const {
   if (!fused_loss_ || !is_training() || !fused_lm_loss_applies(device)) return 0;
-  return loss_chunk_tokens_ > 0 ? loss_chunk_tokens_ : lm_loss_chunk_tokens(vocab);
+  return loss_chunk_tokens_ > 0 ? loss_chunk_tokens_ : fused_lm_loss_chunk_tokens(vocab, dim);
 }
 
 torch::Tensor compute_loss(Task task, const torch::Tensor& logits, const torch::Tensor& target) {

@@ -60,7 +60,10 @@ Bound resnet_options() {
       .add("stem", &ModelConfig::stem, "imagenet: 7x7/2 conv + max-pool; small: 3x3/1 conv (28x28 inputs)",
            rules::one_of({"imagenet", "small"}))
       .add("memory_format", &ModelConfig::memory_format, "layout of the convolutions' activations",
-           rules::one_of({"channels_last", "contiguous"}));
+           rules::one_of({"channels_last", "contiguous"}))
+      .add("bn_relu", &ModelConfig::bn_relu,
+           "fused: a BatchNorm and the ReLU after it as one op in fp32 channels-last training; separate: two ops",
+           rules::one_of({"fused", "separate"}));
   return image_options(b);
 }
 

@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include "leantrain/models/resnet.h"
+#include "leantrain/models/batch_norm_relu.h"
 #include "leantrain/recompute/recompute.h"
 #include "leantrain/recompute/packed_activation.h"
 #include "leantrain/runtime/errors.h"
@@ -79,8 +80,15 @@ BasicBlockImpl::BasicBlockImpl(int64_t in, int64_t planes, int64_t stride) {
 }
 
 torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
-  if (!split_checkpoint_ || !is_training() || !torch::GradMode::is_enabled())
-    return torch::relu(branch(x) + (down ? down->forward(x) : x));
+  if (!split_checkpoint_ || !is_training() || !torch::GradMode::is_enabled()) {
+    // In place, as torchvision's `out += identity; relu(inplace=True)`: the branch's last
+    // BatchNorm saves its input, not its output, and the sum is saved by nothing, so neither
+    // needs a tensor of its own (the same values as out of place, bitwise).
+    auto y = branch(x);
+    const auto shortcut = down ? down->forward(x) : x;
+    if (y.scalar_type() != shortcut.scalar_type() || y.sizes() != shortcut.sizes()) return torch::relu(y + shortcut);
+    return y.add_(shortcut).relu_();
+  }
   // Note [ResNet checkpoint units]: same ops in the same order as above, so bitwise equal.
   std::vector<torch::Tensor> params;
   const auto modules = branch_modules();
@@ -112,7 +120,7 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
 }
 
 torch::Tensor BasicBlockImpl::branch_middle(const torch::Tensor& h) {
-  return conv2(torch::relu(bn1(h)));
+  return conv2(bn_relu(*bn1, h, fused_bn_relu_));
 }
 
 std::vector<torch::nn::Module*> BasicBlockImpl::branch_modules() {
@@ -133,8 +141,8 @@ BottleneckImpl::BottleneckImpl(int64_t in, int64_t planes, int64_t stride) {
 }
 
 torch::Tensor BottleneckImpl::branch_middle(const torch::Tensor& h) {
-  auto y = torch::relu(bn1(h));
-  y = torch::relu(bn2(conv2(y)));
+  auto y = bn_relu(*bn1, h, fused_bn_relu_);
+  y = bn_relu(*bn2, conv2(y), fused_bn_relu_);
   return conv3(y);
 }
 
@@ -150,7 +158,7 @@ ResNetStemImpl::ResNetStemImpl(int64_t in_channels, int64_t width, const std::st
 }
 
 torch::Tensor ResNetStemImpl::forward(const torch::Tensor& x) {
-  auto y = torch::relu(bn(conv(x)));
+  auto y = bn_relu(*bn, conv(x), fused_bn_relu);
   if (pool_) y = torch::max_pool2d(y, {3, 3}, {2, 2}, {1, 1});
   return y;
 }
@@ -176,6 +184,11 @@ ResNet::ResNet(const lt::models::ModelConfig& cfg) {
     }
   }
   fc = register_module("fc", torch::nn::Linear(in, cfg.num_classes));
+  // Note [Fused BatchNorm and ReLU] (batch_norm_relu.cpp): the stem's pair and each branch's
+  // inner pairs; the block's last BatchNorm is followed by the sum, not a ReLU.
+  const bool fused = cfg.bn_relu == "fused";
+  stem->fused_bn_relu = fused;
+  for (auto& b : blocks()) static_cast<ResidualBlockImpl&>(*b).set_fused_bn_relu(fused);
 
   // torchvision init: kaiming normal (fan_out, relu) convs, BN weight 1 bias 0.
   torch::NoGradGuard no_grad;

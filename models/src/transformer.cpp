@@ -357,7 +357,7 @@ torch::Tensor GPT::forward(const torch::Tensor& input) {
 }
 
 torch::Tensor GPT::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
-  if (const int64_t fused = fused_loss_chunk_tokens(wte->weight.size(0), input.device().type())) {
+  if (const int64_t fused = fused_loss_chunk_tokens(wte->weight.size(0), wte->weight.size(1), input.device().type())) {
     auto slot = c10::make_intrusive<TiedGradSlot>();
     return fused_linear_cross_entropy(hidden(input, slot), wte->weight, torch::Tensor(), target, fused, head_matmul(),
                                       slot);
@@ -432,7 +432,7 @@ torch::Tensor Bert::hidden(const torch::Tensor& input, const c10::intrusive_ptr<
 torch::Tensor Bert::forward(const torch::Tensor& input) { return mlm->forward(hidden(input), tok_emb->weight); }
 
 torch::Tensor Bert::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
-  if (const int64_t fused = fused_loss_chunk_tokens(tok_emb->weight.size(0), input.device().type())) {
+  if (const int64_t fused = fused_loss_chunk_tokens(tok_emb->weight.size(0), tok_emb->weight.size(1), input.device().type())) {
     // Only the masked tokens reach the head (Note [Fused LM loss]): its transform too.
     auto slot = c10::make_intrusive<TiedGradSlot>();
     auto h = hidden(input, slot);

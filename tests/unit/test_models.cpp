@@ -15,7 +15,9 @@
 #include <torch/torch.h>
 
 #include "leantrain/recompute/recompute.h"
+#include "leantrain/models/batch_norm_relu.h"
 #include "leantrain/models/model.h"
+#include "leantrain/models/resnet.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/errors.h"
 
@@ -468,6 +470,9 @@ TEST(ModelsConfig, BadValuesNameTheKey) {
   c = tiny_resnet_small();
   c.layers = {2, 0};
   expect_config_error(c, "model.layers");
+  c = tiny_resnet_small();
+  c.bn_relu = "yes";
+  expect_config_error(c, "model.bn_relu");
   lt::models::ModelConfig mlp;
   mlp.hidden = {16, 0};
   expect_config_error(mlp, "model.hidden");
@@ -539,4 +544,133 @@ TEST(ModelConfigCheck, HeadsMustDivideTheWidthAndRecomputeMustParse) {
     }
   }
   EXPECT_EQ(lm::RecomputePolicy::parse("every:3").every, 3);
+}
+
+// Note [Fused BatchNorm and ReLU]: bn_relu against the module followed by torch::relu, on the
+// same parameters and running statistics: output, running statistics and num_batches_tracked,
+// and the input, weight and bias gradients, to fp32 rounding; with a mean far from zero (the
+// variance from the sums of squares) and with momentum = None (the cumulative average). The
+// fused op is deterministic (a checkpoint's rerun must reproduce its forward), and the cases it
+// does not fuse (NCHW, eval, bf16, fused = false) run the two ops themselves, bitwise.
+TEST(Models, FusedBatchNormReluMatchesUnfused) {
+  torch::manual_seed(3);
+  struct Case {
+    std::vector<int64_t> shape;
+    double offset;
+    bool cumulative;
+  };
+  for (const auto& k : {Case{{4, 16, 7, 5}, 0.0, false}, Case{{2, 64, 9, 9}, 3.0, false},
+                        Case{{8, 8, 1, 1}, -1.0, true}, Case{{3, 300, 4, 6}, 0.5, false}}) {
+    const int64_t c = k.shape[1];
+    auto opts = torch::nn::BatchNorm2dOptions(c);
+    if (k.cumulative) opts.momentum(c10::nullopt);
+    torch::nn::BatchNorm2d fused(opts), plain(opts);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto* m : {&fused, &plain}) {
+        (*m)->weight.copy_(torch::linspace(0.5, 1.5, c));
+        (*m)->bias.copy_(torch::linspace(-0.2, 0.3, c));
+        (*m)->running_mean.copy_(torch::linspace(-0.1, 0.1, c));
+        (*m)->running_var.copy_(torch::linspace(0.8, 1.2, c));
+      }
+    }
+    const auto x0 = (torch::randn(k.shape) * 2 + k.offset).contiguous(at::MemoryFormat::ChannelsLast);
+    const auto g = torch::randn(k.shape).contiguous(at::MemoryFormat::ChannelsLast);
+    const std::string what = "shape " + c10::str(c10::IntArrayRef(k.shape)) + " offset " + std::to_string(k.offset);
+    ASSERT_TRUE(lm::bn_relu_fuses(*fused, x0)) << what;
+    auto xf = x0.clone().requires_grad_(true);
+    auto xp = x0.clone().requires_grad_(true);
+    std::vector<torch::Tensor> yf_runs;
+    for (int step = 0; step < 2; ++step) {  // two steps: the running statistics move twice
+      for (auto* m : {&fused, &plain}) (*m)->zero_grad();
+      if (xf.grad().defined()) xf.mutable_grad().zero_();
+      if (xp.grad().defined()) xp.mutable_grad().zero_();
+      const auto yf = lm::bn_relu(*fused, xf, true);
+      const auto yp = torch::relu(plain->forward(xp));
+      EXPECT_TRUE(yf.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+      EXPECT_TRUE(torch::allclose(yf, yp, 1e-5, 1e-5)) << what << ": max diff " << (yf - yp).abs().max().item<float>();
+      EXPECT_GT((yf == 0).sum().item<int64_t>(), 0) << what << ": the ReLU clips somewhere";
+      (yf * g).sum().backward();
+      (yp * g).sum().backward();
+      EXPECT_TRUE(torch::allclose(xf.grad(), xp.grad(), 1e-4, 1e-5))
+          << what << ": dx max diff " << (xf.grad() - xp.grad()).abs().max().item<float>();
+      EXPECT_TRUE(torch::allclose(fused->weight.grad(), plain->weight.grad(), 1e-4, 1e-4)) << what;
+      EXPECT_TRUE(torch::allclose(fused->bias.grad(), plain->bias.grad(), 1e-4, 1e-4)) << what;
+      EXPECT_TRUE(torch::allclose(fused->running_mean, plain->running_mean, 1e-5, 1e-6)) << what;
+      EXPECT_TRUE(torch::allclose(fused->running_var, plain->running_var, 1e-5, 1e-6)) << what;
+      EXPECT_EQ(fused->num_batches_tracked.item<int64_t>(), plain->num_batches_tracked.item<int64_t>()) << what;
+      yf_runs.push_back(yf.detach());
+    }
+    // Deterministic: the same input and statistics give the same bits (a rerun's contract).
+    torch::nn::BatchNorm2d again(opts);
+    {
+      torch::NoGradGuard no_grad;
+      again->weight.copy_(fused->weight);
+      again->bias.copy_(fused->bias);
+    }
+    const auto y1 = lm::bn_relu(*again, x0, true);
+    const auto y2 = lm::bn_relu(*again, x0, true);
+    EXPECT_TRUE(torch::equal(y1, y2)) << what;
+  }
+  // Not fused: the module, then torch::relu, bitwise.
+  torch::nn::BatchNorm2d bn(8);
+  const auto x = torch::randn({2, 8, 3, 3});
+  const auto xcl = x.contiguous(at::MemoryFormat::ChannelsLast);
+  EXPECT_FALSE(lm::bn_relu_fuses(*bn, x)) << "NCHW";
+  EXPECT_FALSE(lm::bn_relu_fuses(*bn, xcl.to(torch::kBFloat16))) << "bf16";
+  EXPECT_FALSE(lm::bn_relu_fuses(*bn, torch::randn({1, 8, 1, 1}).contiguous(at::MemoryFormat::ChannelsLast)))
+      << "one value per channel";
+  EXPECT_TRUE(lm::bn_relu_fuses(*bn, xcl));
+  bn->eval();
+  EXPECT_FALSE(lm::bn_relu_fuses(*bn, xcl)) << "eval";
+  EXPECT_TRUE(torch::equal(lm::bn_relu(*bn, xcl, true), torch::relu(bn->forward(xcl))));
+  bn->train();
+  torch::nn::BatchNorm2d twin(8);
+  EXPECT_TRUE(torch::equal(lm::bn_relu(*bn, x, true), torch::relu(twin->forward(x)))) << "NCHW runs the two ops";
+  EXPECT_TRUE(torch::equal(lm::bn_relu(*bn, xcl, false), torch::relu(twin->forward(xcl)))) << "fused = false";
+}
+
+// model.bn_relu: a small bottleneck ResNet (channels-last) trains the same with the pairs fused
+// as with the two ops, to rounding: loss, every gradient and the BatchNorm statistics after a
+// step.
+TEST(Models, ResNetFusedBatchNormReluMatchesSeparate) {
+  auto c = tiny_resnet_small();
+  c.block = "bottleneck";
+  c.stem = "imagenet";
+  c.layers = {1, 2};
+  c.in_channels = 3;
+  c.image_size = 32;
+  std::map<std::string, torch::Tensor> got[2];
+  float loss[2] = {0, 0};
+  const auto x = torch::randn({4, 3, 32, 32});
+  const auto y = torch::randint(0, 10, {4});
+  for (int fused = 0; fused < 2; ++fused) {
+    c.bn_relu = fused ? "fused" : "separate";
+    torch::manual_seed(11);
+    auto model = lm::build_model(c);
+    {
+      // Off the initial values (the last norms start at zero, which would zero the branches'
+      // gradients): the same draws for both models.
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters())
+        if (p.dim() == 1) p.add_(torch::randn_like(p) * 0.2);
+    }
+    model->train();
+    const auto l = model->forward_loss(x, y);
+    l.backward();
+    loss[fused] = l.item<float>();
+    for (const auto& p : model->named_parameters()) got[fused][p.key() + ".grad"] = p.value().grad().clone();
+    for (const auto& b : model->named_buffers()) got[fused]["buffer " + b.key()] = b.value().clone();
+  }
+  EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::abs(loss[0]));
+  ASSERT_EQ(got[0].size(), got[1].size());
+  for (const auto& [name, t] : got[0]) {
+    const auto& f = got[1].at(name);
+    if (t.scalar_type() == torch::kLong) {
+      EXPECT_TRUE(torch::equal(t, f)) << name;
+      continue;
+    }
+    const double scale = t.abs().max().item<double>();
+    EXPECT_LE((f - t).abs().max().item<double>(), 1e-4 * scale + 1e-6) << name << " (max " << scale << ")";
+  }
 }

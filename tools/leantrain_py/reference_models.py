@@ -45,6 +45,7 @@ MODEL_DEFAULTS: Dict[str, Any] = {
     "width": 64,
     "stem": "imagenet",
     "memory_format": "channels_last",
+    "bn_relu": "fused",  # resnet: "fused" | "separate" (batch_norm_relu.h); the same function, so one code here
     "in_channels": 1,
     "image_size": 28,
     "num_classes": 10,
@@ -125,6 +126,8 @@ def resolve_model_config(model_cfg: Mapping[str, Any]) -> Dict[str, Any]:
             _fail("stem", c["stem"], 'must be "imagenet" or "small"')
         if c["memory_format"] not in ("channels_last", "contiguous"):
             _fail("memory_format", c["memory_format"], 'must be "channels_last" or "contiguous"')
+        if c["bn_relu"] not in ("fused", "separate"):
+            _fail("bn_relu", c["bn_relu"], 'must be "fused" or "separate"')
     elif kind == "mlp":
         for key in ("in_channels", "image_size", "num_classes"):
             positive(key)

@@ -151,8 +151,9 @@ class Model : public torch::nn::Module {
   /// (not requested, not training, or no autograd).
   int64_t loss_chunk_tokens(int64_t vocab) const;
   /// Tokens per fused-loss chunk when forward_loss uses the fused head + loss on a batch on
-  /// `device`, 0 when it does not (off, not training, no autograd, or fp16 autocast).
-  int64_t fused_loss_chunk_tokens(int64_t vocab, c10::DeviceType device) const;
+  /// `device`, 0 when it does not (off, not training, no autograd, or fp16 autocast); for a
+  /// [vocab, dim] head (fused_lm_loss_chunk_tokens unless set_loss_chunk_tokens(n > 0)).
+  int64_t fused_loss_chunk_tokens(int64_t vocab, int64_t dim, c10::DeviceType device) const;
 
  private:
   torch::nn::ModuleList block_list(const std::string& name);

@@ -30,6 +30,9 @@ struct ModelConfig {
   int64_t width = 64;                 // channels of the first stage
   std::string stem = "imagenet";      // imagenet (7x7/2 + maxpool) | small (3x3/1, for 28x28)
   std::string memory_format = "channels_last";  // channels_last | contiguous (resnet's convolutions)
+  // fused: each BatchNorm followed by a ReLU runs as one op where it can (batch_norm_relu.h);
+  // separate: the two ATen ops.
+  std::string bn_relu = "fused";
   // Images (resnet, mlp).
   int64_t in_channels = 1;
   int64_t image_size = 28;

@@ -67,8 +67,13 @@ class ResidualBlockImpl : public BlockImpl {
   }
   bool split_checkpoint() const { return split_checkpoint_; }
   bool packed_input() const { return packed_input_; }
+  /// model.bn_relu = "fused": the branch's BatchNorm + ReLU pairs through bn_relu (batch_norm_relu.h).
+  void set_fused_bn_relu(bool on) { fused_bn_relu_ = on; }
 
   std::shared_ptr<DownsampleImpl> down;  // null when the shortcut is the identity
+
+ protected:
+  bool fused_bn_relu_ = false;
 
  private:
   bool split_checkpoint_ = false;
@@ -115,6 +120,7 @@ class ResNetStemImpl : public torch::nn::Module {
 
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn{nullptr};
+  bool fused_bn_relu = false;  // model.bn_relu = "fused" (batch_norm_relu.h)
 
  private:
   bool pool_;

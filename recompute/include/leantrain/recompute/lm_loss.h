@@ -53,7 +53,13 @@ torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torc
 /// could underflow; fp16 keeps the plain or checkpointed-chunk loss).
 bool fused_lm_loss_applies(c10::DeviceType device);
 
-/// Rows per chunk so that one chunk's fp32 logits take about 64 MiB (at least 64).
+/// Rows per chunk so that one chunk's fp32 logits take about 64 MiB (at least 64): the
+/// recomputed chunks of Note [Chunked LM loss].
 int64_t lm_loss_chunk_tokens(int64_t vocab);
+
+/// Rows per chunk of the fused loss for a [vocab, dim] head: one chunk's fp32 logits take at
+/// most what the head's fp32 weight gradient takes, and at least 64 MiB; so max(dim, 64 MiB of
+/// rows) (Note [Fused LM loss chunks]).
+int64_t fused_lm_loss_chunk_tokens(int64_t vocab, int64_t dim);
 
 }  // namespace lt::recompute
