@@ -66,7 +66,7 @@ DownsampleImpl::DownsampleImpl(int64_t in, int64_t out, int64_t stride) {
   bn = register_module("bn", torch::nn::BatchNorm2d(out));
 }
 
-torch::Tensor DownsampleImpl::forward(const torch::Tensor& x) { return bn(conv(x)); }
+torch::Tensor DownsampleImpl::forward(const torch::Tensor& x) { return bn(recompute::conv2d(*conv, x, conv_products)); }
 
 BasicBlockImpl::BasicBlockImpl(int64_t in, int64_t planes, int64_t stride) {
   conv1 = register_module("conv1", conv(in, planes, 3, stride, 1));
@@ -109,18 +109,19 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
   // bit mask, so nothing holds x itself once the next block has run.
   const auto packed = pack_tensor(x);
   const ConvUnit branch_unit{&first_conv(), [this](const std::vector<torch::Tensor>& in) { return branch_middle(in[0]); },
-                             &last_bn()};
+                             &last_bn(), conv_products_};
   auto y = in_backward(branch_unit, x, packed, params, modules);
   torch::Tensor shortcut = x;
   if (down) {
-    const ConvUnit down_unit{down->conv.get(), [](const std::vector<torch::Tensor>& in) { return in[0]; }, down->bn.get()};
+    const ConvUnit down_unit{down->conv.get(), [](const std::vector<torch::Tensor>& in) { return in[0]; }, down->bn.get(),
+                             conv_products_};
     shortcut = in_backward(down_unit, x, packed, down->parameters(), down_modules);
   }
   return mask_relu(y + shortcut);
 }
 
 torch::Tensor BasicBlockImpl::branch_middle(const torch::Tensor& h) {
-  return conv2(bn_relu(*bn1, h, fused_bn_relu_));
+  return recompute::conv2d(*conv2, bn_relu(*bn1, h, fused_bn_relu_), conv_products_);
 }
 
 std::vector<torch::nn::Module*> BasicBlockImpl::branch_modules() {
@@ -142,8 +143,8 @@ BottleneckImpl::BottleneckImpl(int64_t in, int64_t planes, int64_t stride) {
 
 torch::Tensor BottleneckImpl::branch_middle(const torch::Tensor& h) {
   auto y = bn_relu(*bn1, h, fused_bn_relu_);
-  y = bn_relu(*bn2, conv2(y), fused_bn_relu_);
-  return conv3(y);
+  y = bn_relu(*bn2, recompute::conv2d(*conv2, y, conv_products_), fused_bn_relu_);
+  return recompute::conv2d(*conv3, y, conv_products_);
 }
 
 std::vector<torch::nn::Module*> BottleneckImpl::branch_modules() {
@@ -158,7 +159,7 @@ ResNetStemImpl::ResNetStemImpl(int64_t in_channels, int64_t width, const std::st
 }
 
 torch::Tensor ResNetStemImpl::forward(const torch::Tensor& x) {
-  auto y = bn_relu(*bn, conv(x), fused_bn_relu);
+  auto y = bn_relu(*bn, recompute::conv2d(*conv, x, conv_products), fused_bn_relu);
   if (pool_) y = torch::max_pool2d(y, {3, 3}, {2, 2}, {1, 1});
   return y;
 }
@@ -189,6 +190,7 @@ ResNet::ResNet(const lt::models::ModelConfig& cfg) {
   const bool fused = cfg.bn_relu == "fused";
   stem->fused_bn_relu = fused;
   for (auto& b : blocks()) static_cast<ResidualBlockImpl&>(*b).set_fused_bn_relu(fused);
+  set_conv_products(recompute::HeadMatmul::kAuto);
 
   // torchvision init: kaiming normal (fan_out, relu) convs, BN weight 1 bias 0.
   torch::NoGradGuard no_grad;
@@ -222,6 +224,20 @@ ResNet::ResNet(const lt::models::ModelConfig& cfg) {
       // .contiguous() would keep; oneDNN picks its kernels by those strides.
       if (p.dim() == 4) p.set_data(p.to(p.options(), false, false, at::MemoryFormat::ChannelsLast));
   }
+}
+
+void ResNet::set_conv_products(recompute::HeadMatmul m) {
+  stem->conv_products = m;
+  for (auto& b : blocks()) static_cast<ResidualBlockImpl&>(*b).set_conv_products(m);
+  conv_products_ = m;
+}
+
+std::string ResNet::compute_note(const c10::Device& device, c10::ScalarType dtype) const {
+  // Said only where the convolutions' products leave the autocast dtype.
+  if (dtype != torch::kBFloat16 || !recompute::head_products_in_fp32(conv_products_, dtype, device.type())) return "";
+  return std::string("convolutions as fp32 products of bf16-rounded operands") +
+         (conv_products_ == recompute::HeadMatmul::kAuto ? " (precision.conv_products = auto: x86 CPU without AMX-BF16)"
+                                                         : "");
 }
 
 void ResNet::set_checkpoint_units(ResNetCheckpointUnits units) {

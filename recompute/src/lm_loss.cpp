@@ -51,12 +51,18 @@ namespace lt::recompute {
 // the chunks run ([V, D]: 154 MB for GPT-2, instead of the bf16 copy's 77 MB). On CUDA and on
 // CPUs with AMX-BF16 the products stay bf16; `autocast` keeps them bf16 everywhere, `fp32`
 // forces this path (tests). GPT-6L seq 256 bf16 full step: docs/BENCH_PEERS.md.
-HeadMatmul parse_head_matmul(const std::string& text) {
+namespace {
+HeadMatmul parse_products(const std::string& key, const std::string& text) {
   if (text == "auto") return HeadMatmul::kAuto;
   if (text == "autocast") return HeadMatmul::kAutocast;
   if (text == "fp32") return HeadMatmul::kFp32;
-  throw ConfigError("precision.head_matmul = '" + text + "': allowed: auto | autocast | fp32");
+  throw ConfigError(key + " = '" + text + "': allowed: auto | autocast | fp32");
 }
+}  // namespace
+
+HeadMatmul parse_head_matmul(const std::string& text) { return parse_products("precision.head_matmul", text); }
+
+HeadMatmul parse_conv_products(const std::string& text) { return parse_products("precision.conv_products", text); }
 
 bool cpu_bf16_gemm_is_slow() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -1,4 +1,5 @@
 #include "leantrain/recompute/packed_activation.h"
+#include "leantrain/recompute/conv_products.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -630,7 +631,7 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_edge,
                                                 at::TensorList params, c10::intrusive_ptr<PackHolder> holder, std::vector<int64_t> stride,
                                                 std::vector<int64_t> padding, std::vector<int64_t> dilation,
-                                                int64_t groups) {
+                                                int64_t groups, bool fp32_products) {
     at::Tensor out;
     {
       const auto x = unpack_tensor(holder->pack);
@@ -638,11 +639,15 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
                   "conv_keeping_packed_input: the packed input is ", x.scalar_type(), " ", x.sizes(),
                   ", its stand-in ", x_edge.scalar_type(), " ", x_edge.sizes());
       const at::Tensor bias = params.size() > 1 ? params[1] : at::Tensor();
-      out = at::conv2d(x, params[0], bias, stride, padding, dilation, groups);  // what Conv2d's forward runs
+      // What Conv2d's forward runs, or conv2d's fp32 products (Note [Convolutions in fp32 where
+      // bf16 is slow], conv_products.cpp).
+      out = fp32_products ? conv2d_fp32_products(x, params[0], bias, stride, padding, dilation, groups)
+                          : at::conv2d(x, params[0], bias, stride, padding, dilation, groups);
     }
     ctx->save_for_backward({params[0]});
     ctx->saved_data["pack"] = c10::IValue::make_capsule(holder);
-    ctx->saved_data["run_dtype"] = static_cast<int64_t>(out.scalar_type());
+    ctx->saved_data["run_dtype"] = static_cast<int64_t>(fp32_products ? at::kFloat : out.scalar_type());
+    ctx->saved_data["fp32_products"] = fp32_products;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x_edge.scalar_type());
     ctx->saved_data["bias_sizes"] = params.size() > 1 ? params[1].sizes().vec() : std::vector<int64_t>{};
     ctx->saved_data["stride"] = stride;
@@ -662,8 +667,11 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
     const auto weight = ctx->get_saved_variables()[0];
     const auto run = static_cast<at::ScalarType>(ctx->saved_data["run_dtype"].toInt());
     const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    if (x.scalar_type() != run) x = x.to(run);
-    const auto w = weight.scalar_type() == run ? weight : weight.to(run);
+    const bool fp32_products = ctx->saved_data["fp32_products"].toBool();
+    // fp32 products: the operands as conv2d_fp32_products rounded them.
+    x = fp32_products ? rounded_fp32(x) : (x.scalar_type() != run ? x.to(run) : x);
+    const auto w = fp32_products ? rounded_fp32(weight) : (weight.scalar_type() == run ? weight : weight.to(run));
+    const auto g = grad_out[0].scalar_type() == run ? grad_out[0] : grad_out[0].to(run);
     const auto bias_sizes = ctx->saved_data["bias_sizes"].toIntVector();
     std::optional<at::IntArrayRef> bias_opt;
     if (!bias_sizes.empty()) bias_opt = at::IntArrayRef(bias_sizes);
@@ -672,7 +680,7 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
     const auto dilation = ctx->saved_data["dilation"].toIntVector();
     const std::vector<int64_t> output_padding(stride.size(), 0);
     auto [gx, gw, gb] = at::convolution_backward(
-        grad_out[0], x, w, bias_opt, stride, padding, dilation, /*transposed=*/false, output_padding,
+        g, x, w, bias_opt, stride, padding, dilation, /*transposed=*/false, output_padding,
         ctx->saved_data["groups"].toInt(),
         {ctx->needs_input_grad(0), ctx->needs_input_grad(1), !bias_sizes.empty() && ctx->needs_input_grad(2)});
     x.reset();
@@ -681,7 +689,7 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
     if (gb.defined() && gb.scalar_type() != weight.scalar_type()) gb = gb.to(weight.scalar_type());
     torch::autograd::variable_list grads{gx, gw};
     if (!bias_sizes.empty()) grads.push_back(gb);
-    grads.resize(grads.size() + 5);  // holder, stride, padding, dilation, groups
+    grads.resize(grads.size() + 6);  // holder, stride, padding, dilation, groups, fp32_products
     return grads;
   }
 };
@@ -689,8 +697,9 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
 }  // namespace
 
 at::Tensor conv_keeping_packed_input(torch::nn::Conv2dImpl& conv, const at::Tensor& x_edge,
-                                     const PackedTensor& packed) {
-  if (!torch::GradMode::is_enabled()) return conv.forward(unpack_tensor(packed));
+                                     const PackedTensor& packed, bool fp32_products) {
+  if (!torch::GradMode::is_enabled())
+    return lt::recompute::conv2d(conv, unpack_tensor(packed), fp32_products ? HeadMatmul::kFp32 : HeadMatmul::kAutocast);
   const auto& o = conv.options;
   const auto* padding = std::get_if<torch::ExpandingArray<2>>(&o.padding());
   TORCH_CHECK(padding != nullptr && std::holds_alternative<torch::enumtype::kZeros>(o.padding_mode()) && !o.transposed(),
@@ -700,7 +709,8 @@ at::Tensor conv_keeping_packed_input(torch::nn::Conv2dImpl& conv, const at::Tens
   std::vector<at::Tensor> params{conv.weight};
   if (conv.bias.defined()) params.push_back(conv.bias);
   return PackedInputConv::apply(x_edge, at::TensorList(params), holder, at::IntArrayRef(o.stride()).vec(),
-                                at::IntArrayRef(*padding).vec(), at::IntArrayRef(o.dilation()).vec(), o.groups())[0];
+                                at::IntArrayRef(*padding).vec(), at::IntArrayRef(o.dilation()).vec(), o.groups(),
+                                fp32_products)[0];
 }
 
 at::Tensor masked_scale(const at::Tensor& x, const at::Tensor& bits, const at::Tensor& value) {

@@ -1,5 +1,6 @@
 #include "leantrain/recompute/recompute.h"
 
+#include "leantrain/recompute/conv_products.h"
 #include "leantrain/recompute/lm_loss.h"
 
 #include <ATen/autocast_mode.h>
@@ -86,6 +87,7 @@ struct Recompute : torch::CustomClassHolder {
   bool packed_requires_grad = false;
   // With a pack: the convolution fn's input goes through first (fn gets its output).
   torch::nn::Conv2dImpl* first_conv = nullptr;
+  HeadMatmul conv_products = HeadMatmul::kAutocast;  // first_conv's (conv_products.h)
   // The BatchNorm fn's output goes through, and the batch statistics it used (Note [A unit's
   // last BatchNorm is not rerun]; undefined where it was not recorded).
   torch::nn::BatchNorm2dImpl* last_bn = nullptr;
@@ -285,7 +287,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       // again, and one forward reads each weight once.
       CastCacheOff no_cache;
       TapeScope tape(&rc->tape);
-      out = rc->first_conv ? rc->fn({rc->first_conv->forward(in[0])}) : rc->fn(in);
+      out = rc->first_conv ? rc->fn({lt::recompute::conv2d(*rc->first_conv, in[0], rc->conv_products)}) : rc->fn(in);
       if (rc->last_bn) out = batch_norm_keeping_stats(*rc->last_bn, out, rc->bn_mean, rc->bn_invstd);
     }
     std::vector<at::Tensor> to_save;
@@ -361,7 +363,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         rc->tape.replay = true;
         rc->tape.next = 0;
         TapeScope tape(&rc->tape);
-        out = packed ? rc->fn({conv_keeping_packed_input(*rc->first_conv, inputs[0], *rc->pack)}) : rc->fn(inputs);
+        out = packed ? rc->fn({conv_keeping_packed_input(
+                                *rc->first_conv, inputs[0], *rc->pack,
+                                conv_products_in_fp32(rc->conv_products, inputs[0].device().type()))})
+                          : rc->fn(inputs);
         if (rc->last_bn)
           out = rc->bn_mean.defined() ? batch_norm_tail(*rc->last_bn, out, rc->bn_mean, rc->bn_invstd)
                                       : rc->last_bn->forward(out);
@@ -414,6 +419,7 @@ torch::Tensor apply_checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>&
   rc->fn = std::move(fn);
   if (unit) {
     rc->first_conv = unit->first;
+    rc->conv_products = unit->conv_products;
     rc->last_bn = unit->last;
   }
   rc->shared_params = shared_params;

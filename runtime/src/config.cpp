@@ -57,6 +57,7 @@ std::vector<Field> fields_of(Config& c) {
       {"precision", "backoff_factor", &p.backoff_factor},
       {"precision", "growth_interval", &p.growth_interval},
       {"precision", "head_matmul", &p.head_matmul},
+      {"precision", "conv_products", &p.conv_products},
       {"memory", "activation_checkpoint", &mem.activation_checkpoint},
       {"memory", "recompute", &mem.activation_checkpoint, /*alias=*/true},  // the preferred spelling
       {"memory", "budget", &mem.budget},
@@ -392,6 +393,7 @@ void validate(const Config& c, int world_size) {
   const auto& p = c.precision;
   one_of("precision.mode", p.mode, {"fp32", "bf16", "fp16"});
   one_of("precision.head_matmul", p.head_matmul, {"auto", "autocast", "fp32"});
+  one_of("precision.conv_products", p.conv_products, {"auto", "autocast", "fp32"});
   if (!(p.init_scale > 0)) bad("precision.init_scale", std::to_string(p.init_scale), "must be > 0");
   if (!(p.growth_factor > 1)) bad("precision.growth_factor", std::to_string(p.growth_factor), "must be > 1");
   if (!(p.backoff_factor > 0 && p.backoff_factor < 1))

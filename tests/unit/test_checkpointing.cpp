@@ -9,6 +9,7 @@
 
 #include "leantrain/recompute/recompute.h"
 #include "leantrain/recompute/lm_loss.h"
+#include "leantrain/recompute/conv_products.h"
 #include "autograd_nodes.h"
 #include "leantrain/models/bert.h"
 #include "leantrain/models/gpt.h"
@@ -75,10 +76,12 @@ struct Run {
 enum class Differentiate { kBackward, kBackwardTwice, kAutogradGrad };
 
 Run run(const lt::models::ModelConfig& c, const std::string& policy, const std::string& precision = "fp32",
-        Differentiate how = Differentiate::kBackward) {
+        Differentiate how = Differentiate::kBackward,
+        lt::recompute::HeadMatmul conv_products = lt::recompute::HeadMatmul::kAuto) {
   torch::manual_seed(1);
   auto model = lt::models::build_model(c);
   model->train();
+  model->set_conv_products(conv_products);
   lt::models::apply_checkpoint_policy(*model, CheckpointPolicy::parse(policy));
   auto [x, y] = batch_for(c);
   torch::manual_seed(99);  // the dropout stream
@@ -122,15 +125,22 @@ void expect_bitwise_equal(const Run& plain, const Run& ck) {
   for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, ck.buffers.at(name))) << "buffer " << name;
 }
 
-// expect_bitwise_equal for the bottleneck ResNet in both layouts under full and selective.
+// expect_bitwise_equal for the bottleneck ResNet in both layouts under full and selective;
+// under bf16 with the convolutions' products in bf16 and in fp32 (Note [Convolutions in fp32
+// where bf16 is slow]: the plain blocks, the units' first convolutions and the packed one).
 void expect_resnet_layouts_bitwise_equal(const std::string& precision) {
   auto c = tiny("resnet_bottleneck");
-  for (const char* format : {"contiguous", "channels_last"})
-    for (const char* policy : {"full", "selective"}) {
-      SCOPED_TRACE(std::string(format) + " " + policy + " " + precision);
-      c.memory_format = format;
-      expect_bitwise_equal(run(c, "none", precision), run(c, policy, precision));
-    }
+  using lt::recompute::HeadMatmul;
+  for (const auto conv : precision == "bf16" ? std::vector<HeadMatmul>{HeadMatmul::kAutocast, HeadMatmul::kFp32}
+                                             : std::vector<HeadMatmul>{HeadMatmul::kAuto})
+    for (const char* format : {"contiguous", "channels_last"})
+      for (const char* policy : {"full", "selective"}) {
+        SCOPED_TRACE(std::string(format) + " " + policy + " " + precision + " conv products " +
+                     std::to_string(static_cast<int>(conv)));
+        c.memory_format = format;
+        expect_bitwise_equal(run(c, "none", precision, Differentiate::kBackward, conv),
+                             run(c, policy, precision, Differentiate::kBackward, conv));
+      }
 }
 
 class CheckpointEquality : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
@@ -653,6 +663,79 @@ TEST(Checkpoint, FusedAndChunkedLmLossMatchPlainLoss) {
 // bf16-rounded operands (loss, and the norms of the three gradients' errors), and the loss
 // to 1e-5 where the bf16 logits give ~1e-3; `auto` picks them on an x86 CPU without AMX-BF16
 // only, and never outside bf16 or on CUDA; a bad precision.head_matmul is a ConfigError.
+// Note [Convolutions in fp32 where bf16 is slow]: under bf16 autocast a convolution with
+// fp32 products gives a bf16 output and an input gradient of the input's dtype, a weight
+// gradient of the weight's; against fp64 on the same bf16-rounded operands its output and
+// three gradients are at least as accurate as the bf16 convolution's; `autocast` is the
+// module's own forward, bitwise; and the rules of conv_products_in_fp32.
+TEST(Checkpoint, ConvProductsInFp32AreAtLeastAsAccurate) {
+  using lt::recompute::HeadMatmul;
+  torch::manual_seed(12);
+  auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 24, 3).stride(2).padding(1).bias(true));
+  {
+    torch::NoGradGuard no_grad;
+    conv->weight.set_data(conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  const auto x0 = torch::randn({3, 16, 15, 15}).contiguous(at::MemoryFormat::ChannelsLast);
+  const auto g0 = torch::randn({3, 24, 8, 8});
+  struct Out {
+    torch::Tensor y, gx, gw, gb;
+  };
+  auto run_conv = [&](HeadMatmul m) {
+    conv->zero_grad();
+    auto x = x0.clone().requires_grad_(true);
+    Out o;
+    {
+      lt::trainers::AutocastGuard ac("bf16", torch::kCPU);
+      EXPECT_EQ(lt::recompute::conv_products_in_fp32(m, torch::kCPU), m == HeadMatmul::kFp32 ||
+                                                                          (m == HeadMatmul::kAuto && lt::recompute::cpu_bf16_gemm_is_slow()));
+      o.y = lt::recompute::conv2d(*conv, x, m);
+    }
+    (o.y.to(torch::kFloat) * g0).sum().backward();
+    o.gx = x.grad();
+    o.gw = conv->weight.grad();
+    o.gb = conv->bias.grad();
+    return o;
+  };
+  const auto bf = run_conv(HeadMatmul::kAutocast);
+  const auto fp = run_conv(HeadMatmul::kFp32);
+  // The reference: fp64 on the operands autocast gives the bf16 convolution.
+  const auto xr = x0.to(torch::kBFloat16).to(torch::kDouble).requires_grad_(true);
+  const auto wr = conv->weight.detach().to(torch::kBFloat16).to(torch::kDouble).requires_grad_(true);
+  const auto br = conv->bias.detach().to(torch::kBFloat16).to(torch::kDouble).requires_grad_(true);
+  const auto yr = torch::conv2d(xr, wr, br, 2, 1);
+  // The output is bf16, so its gradient arrives rounded to bf16 on both paths.
+  (yr * g0.to(torch::kBFloat16).to(torch::kDouble)).sum().backward();
+  EXPECT_EQ(fp.y.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(fp.y.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_EQ(fp.gx.scalar_type(), torch::kFloat);
+  EXPECT_EQ(fp.gw.scalar_type(), torch::kFloat);
+  EXPECT_EQ(fp.gb.scalar_type(), torch::kFloat);
+  auto err = [](const torch::Tensor& a, const torch::Tensor& ref) {
+    return (a.to(torch::kDouble) - ref).norm().item<double>();
+  };
+  EXPECT_LE(err(fp.y, yr), err(bf.y, yr) * 1.0001) << "output";
+  EXPECT_LE(err(fp.gx, xr.grad()), err(bf.gx, xr.grad()) * 1.0001) << "input gradient";
+  EXPECT_LE(err(fp.gw, wr.grad()), err(bf.gw, wr.grad()) * 1.0001) << "weight gradient";
+  EXPECT_LE(err(fp.gb, br.grad()), err(bf.gb, br.grad()) * 1.0001) << "bias gradient";
+  EXPECT_LT(err(fp.gw, wr.grad()), 1e-3 * wr.grad().norm().item<double>()) << "fp32 weight gradient, not rounded to bf16";
+  // kAutocast is the module's forward.
+  {
+    lt::trainers::AutocastGuard ac("bf16", torch::kCPU);
+    const auto x = x0.clone();
+    EXPECT_TRUE(torch::equal(lt::recompute::conv2d(*conv, x, HeadMatmul::kAutocast), conv->forward(x)));
+  }
+  // Without bf16 autocast nothing changes.
+  EXPECT_FALSE(lt::recompute::conv_products_in_fp32(HeadMatmul::kFp32, torch::kCPU));
+  EXPECT_TRUE(torch::equal(lt::recompute::conv2d(*conv, x0, HeadMatmul::kFp32), conv->forward(x0)));
+  try {
+    lt::recompute::parse_conv_products("bf16");
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const lt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("precision.conv_products"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Checkpoint, FusedLmLossHeadProductsInFp32AreAtLeastAsAccurate) {
   using lt::recompute::HeadMatmul;
   const int64_t n = 300, d = 64, vocab = 1000;

@@ -131,6 +131,11 @@ TEST(ConfigValidate, EnumsListAllowedValues) {
   msg = config_error([&] { lt::validate(c, 1); });
   EXPECT_CONTAINS(msg, "precision.head_matmul = 'bf16'");
   EXPECT_CONTAINS(msg, "auto | autocast | fp32");
+  c = valid();
+  c.precision.conv_products = "bf16";
+  msg = config_error([&] { lt::validate(c, 1); });
+  EXPECT_CONTAINS(msg, "precision.conv_products = 'bf16'");
+  EXPECT_CONTAINS(msg, "auto | autocast | fp32");
 }
 
 // Keys owned by another component are checked there, once (config.h: validate): runtime

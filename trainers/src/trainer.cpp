@@ -171,6 +171,7 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
   model.train();
   model.apply_recompute(models::RecomputePolicy::parse(cfg_.memory.activation_checkpoint));
   model.set_head_matmul(recompute::parse_head_matmul(cfg_.precision.head_matmul));
+  model.set_conv_products(recompute::parse_conv_products(cfg_.precision.conv_products));
   comm_.set_step(0);
   comm_.set_timeout(cfg_.comm.startup_timeout_s);  // Note [Deadlines]
   // Every rank starts from rank 0's weights.

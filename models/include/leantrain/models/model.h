@@ -99,6 +99,9 @@ class Model : public torch::nn::Module {
   void set_fused_loss(bool on) { fused_loss_ = on; }
   /// How the fused head's products run under bf16 (precision.head_matmul; lm_loss.h).
   void set_head_matmul(recompute::HeadMatmul m) { head_matmul_ = m; }
+  /// How its convolutions' products run under bf16 (precision.conv_products; conv_products.h):
+  /// a model with convolutions overrides this; the default has none and ignores it.
+  virtual void set_conv_products(recompute::HeadMatmul /*m*/) {}
   recompute::HeadMatmul head_matmul() const { return head_matmul_; }
 
   /// The repeated blocks in forward order (the unit of whole-block recompute).

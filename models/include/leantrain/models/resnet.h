@@ -31,6 +31,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "leantrain/models/model.h"
+#include "leantrain/recompute/conv_products.h"
 
 namespace lt::models {
 
@@ -42,6 +43,7 @@ class DownsampleImpl : public torch::nn::Module {
 
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn{nullptr};
+  recompute::HeadMatmul conv_products = recompute::HeadMatmul::kAuto;  // precision.conv_products
 };
 
 /// A residual block whose residual branch and shortcut can be checkpointed as two units with
@@ -51,7 +53,9 @@ class ResidualBlockImpl : public BlockImpl {
   torch::Tensor forward(const torch::Tensor& x) override;
   /// The convs and BNs before the sum, without the shortcut:
   /// last_bn(branch_middle(first_conv(x))).
-  torch::Tensor branch(const torch::Tensor& x) { return last_bn().forward(branch_middle(first_conv().forward(x))); }
+  torch::Tensor branch(const torch::Tensor& x) {
+    return last_bn().forward(branch_middle(recompute::conv2d(first_conv(), x, conv_products_)));
+  }
   /// The branch's first convolution, what follows it up to its last BatchNorm, and that BatchNorm.
   virtual torch::nn::Conv2dImpl& first_conv() = 0;
   virtual torch::Tensor branch_middle(const torch::Tensor& h) = 0;
@@ -69,11 +73,17 @@ class ResidualBlockImpl : public BlockImpl {
   bool packed_input() const { return packed_input_; }
   /// model.bn_relu = "fused": the branch's BatchNorm + ReLU pairs through bn_relu (batch_norm_relu.h).
   void set_fused_bn_relu(bool on) { fused_bn_relu_ = on; }
+  /// precision.conv_products for the block's convolutions, the shortcut's included (conv_products.h).
+  void set_conv_products(recompute::HeadMatmul m) {
+    conv_products_ = m;
+    if (down) down->conv_products = m;
+  }
 
   std::shared_ptr<DownsampleImpl> down;  // null when the shortcut is the identity
 
  protected:
   bool fused_bn_relu_ = false;
+  recompute::HeadMatmul conv_products_ = recompute::HeadMatmul::kAuto;
 
  private:
   bool split_checkpoint_ = false;
@@ -121,6 +131,7 @@ class ResNetStemImpl : public torch::nn::Module {
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn{nullptr};
   bool fused_bn_relu = false;  // model.bn_relu = "fused" (batch_norm_relu.h)
+  recompute::HeadMatmul conv_products = recompute::HeadMatmul::kAuto;  // precision.conv_products
 
  private:
   bool pool_;
@@ -148,6 +159,9 @@ class ResNet : public Model {
   /// packed; selective the stem and the first stage's blocks the same way, unpacked; none and
   /// every:K are the default's (every:K: whole blocks 0, K, 2K, ...).
   void apply_recompute(const RecomputePolicy& policy) override;
+  /// Every convolution's (Note [Convolutions in fp32 where bf16 is slow], conv_products.cpp).
+  void set_conv_products(recompute::HeadMatmul m) override;
+  std::string compute_note(const c10::Device& device, c10::ScalarType dtype) const override;
 
   /// Blocks per stage (resnet_layout's first element).
   const std::vector<int64_t>& stage_blocks() const { return stage_blocks_; }
@@ -161,6 +175,7 @@ class ResNet : public Model {
   std::vector<int64_t> stage_blocks_;
   ResNetCheckpointUnits units_;
   bool channels_last_ = false;
+  recompute::HeadMatmul conv_products_ = recompute::HeadMatmul::kAuto;
 };
 
 /// Blocks per stage and block kind ("basic" | "bottleneck") for cfg (depth or layers+block).

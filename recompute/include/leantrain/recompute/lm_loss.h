@@ -25,6 +25,9 @@ constexpr int64_t kIgnoreIndex = -100;
 enum class HeadMatmul { kAuto, kAutocast, kFp32 };
 /// "auto" | "autocast" | "fp32"; throws ConfigError naming precision.head_matmul otherwise.
 HeadMatmul parse_head_matmul(const std::string& text);
+/// The same values for ResNet's convolutions (precision.conv_products; conv_products.h);
+/// throws ConfigError naming precision.conv_products otherwise.
+HeadMatmul parse_conv_products(const std::string& text);
 /// Whether the products run in fp32 under `choice` for a head computing in `compute` on `device`.
 bool head_products_in_fp32(HeadMatmul choice, c10::ScalarType compute, c10::DeviceType device);
 /// This CPU: x86 without AMX-BF16 (cpuid), where kAuto picks fp32.

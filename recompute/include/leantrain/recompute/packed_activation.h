@@ -52,7 +52,8 @@ at::Tensor mask_relu(const at::Tensor& x);
 /// input kept through the rerun]). `x_edge` stands in for the input: the gradient flows to
 /// it, it has the input's sizes and dtype, and its values are not read. Gradients are
 /// conv's, bitwise. Needs explicit zero padding.
-at::Tensor conv_keeping_packed_input(torch::nn::Conv2dImpl& conv, const at::Tensor& x_edge, const PackedTensor& packed);
+at::Tensor conv_keeping_packed_input(torch::nn::Conv2dImpl& conv, const at::Tensor& x_edge, const PackedTensor& packed,
+                                     bool fp32_products = false);
 
 /// Whether the CPU kernels above use AVX-512 (detected at startup: AVX-512 F, BW and VBMI2);
 /// set_packing_vector_kernels(false) makes them use the portable loops (tests compare the

@@ -15,6 +15,7 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 
+#include "leantrain/recompute/lm_loss.h"
 #include "leantrain/recompute/packed_activation.h"
 
 namespace lt::recompute {
@@ -44,6 +45,9 @@ struct ConvUnit {
   torch::nn::Conv2dImpl* first = nullptr;
   RecomputeFn middle;
   torch::nn::BatchNorm2dImpl* last = nullptr;
+  // How first's products run under bf16 autocast (conv_products.h): as the model's other
+  // convolutions, so the unit computes what the plain block computes.
+  HeadMatmul conv_products = HeadMatmul::kAutocast;
 };
 /// A ConvUnit, checkpointed, with x kept packed (`packed` = pack_tensor(x)) instead of whole
 /// (Note [Packed block inputs]): the rerun rebuilds x only inside first's forward, and

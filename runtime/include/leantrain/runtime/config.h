@@ -67,6 +67,7 @@ struct PrecisionConfig {
   // The fused LM head's products under bf16: auto | autocast | fp32 (recompute/lm_loss.h,
   // HeadMatmul; auto: fp32 GEMMs on an x86 CPU without AMX-BF16, else bf16).
   std::string head_matmul = "auto";
+  std::string conv_products = "auto";  // auto | autocast | fp32: ResNet's convolutions under bf16
 };
 
 struct MemoryConfig {

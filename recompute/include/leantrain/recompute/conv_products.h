@@ -1,0 +1,34 @@
+// Convolutions under bf16 autocast on CPUs whose bf16 kernels are slow: Note [Convolutions in
+// fp32 where bf16 is slow] (recompute/src/conv_products.cpp).
+#pragma once
+
+#include <torch/nn/modules/conv.h>
+
+#include "leantrain/recompute/lm_loss.h"
+
+namespace lt::recompute {
+
+/// Whether a convolution on `device` runs its products as fp32 convolutions of the
+/// bf16-rounded operands under the current autocast state: autocast on that device in bf16,
+/// and `choice` fp32, or auto on an x86 CPU without AMX-BF16 (the rule of the fused head's
+/// products, head_products_in_fp32; precision.conv_products).
+bool conv_products_in_fp32(HeadMatmul choice, c10::DeviceType device);
+
+/// conv.forward(x), or, when conv_products_in_fp32(choice, x's device) and the convolution
+/// pads explicitly with zeros, the same convolution with fp32 products: x rounded to bf16 as
+/// autocast rounds it, the output bf16 as autocast's; the input gradient bf16, the weight's
+/// and bias's fp32 (not rounded through bf16 first).
+at::Tensor conv2d(torch::nn::Conv2dImpl& conv, const at::Tensor& x, HeadMatmul choice);
+
+/// at::conv2d of bf16 x with fp32 products (the forward conv2d runs in that case); exposed for
+/// the convolution that keeps its input packed (packed_activation.cpp), which must compute
+/// the same bits.
+at::Tensor conv2d_fp32_products(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                int64_t groups);
+
+/// The operands conv2d_fp32_products' backward differentiates with: the weight rounded to
+/// bf16 and widened.
+at::Tensor rounded_fp32(const at::Tensor& t);
+
+}  // namespace lt::recompute
