@@ -1,5 +1,6 @@
 // relu(batch_norm(x)) fused: Note [Fused BatchNorm and ReLU].
 #include "leantrain/models/batch_norm_relu.h"
+#include "leantrain/recompute/recompute.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -264,15 +265,9 @@ bool bn_relu_fuses(const torch::nn::BatchNorm2dImpl& bn, const torch::Tensor& x)
 
 torch::Tensor bn_relu(torch::nn::BatchNorm2dImpl& bn, const torch::Tensor& x, bool fused) {
   if (!fused || !bn_relu_fuses(bn, x)) return torch::relu(bn.forward(x));
-  // What BatchNormImplBase::forward does before it calls F::batch_norm.
-  const auto& o = bn.options;
-  {
-    torch::NoGradGuard no_grad;
-    bn.num_batches_tracked += 1;
-  }
-  const double factor = o.momentum() ? *o.momentum() : 1.0 / bn.num_batches_tracked.item<double>();
+  const double factor = lt::recompute::count_batch(bn);
   RECORD_FUNCTION("lt::bn_relu", std::vector<c10::IValue>({x}));
-  return BatchNormRelu::apply(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, factor, o.eps());
+  return BatchNormRelu::apply(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, factor, bn.options.eps());
 }
 
 }  // namespace lt::models

@@ -229,14 +229,14 @@ ResNet::ResNet(const lt::models::ModelConfig& cfg) {
 void ResNet::set_conv_products(recompute::HeadMatmul m) {
   stem->conv_products = m;
   for (auto& b : blocks()) static_cast<ResidualBlockImpl&>(*b).set_conv_products(m);
-  conv_products_ = m;
 }
 
 std::string ResNet::compute_note(const c10::Device& device, c10::ScalarType dtype) const {
   // Said only where the convolutions' products leave the autocast dtype.
-  if (dtype != torch::kBFloat16 || !recompute::head_products_in_fp32(conv_products_, dtype, device.type())) return "";
+  const auto m = stem->conv_products;  // every convolution's (set_conv_products)
+  if (dtype != torch::kBFloat16 || !recompute::head_products_in_fp32(m, dtype, device.type())) return "";
   return std::string("convolutions as fp32 products of bf16-rounded operands") +
-         (conv_products_ == recompute::HeadMatmul::kAuto ? " (precision.conv_products = auto: x86 CPU without AMX-BF16)"
+         (m == recompute::HeadMatmul::kAuto ? " (precision.conv_products = auto: x86 CPU without AMX-BF16)"
                                                          : "");
 }
 

@@ -4,6 +4,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
+#include "conv_geometry.h"
+
 namespace lt::recompute {
 
 // Note [Convolutions in fp32 where bf16 is slow]
@@ -61,32 +63,22 @@ struct Fp32ProductsConv : torch::autograd::Function<Fp32ProductsConv> {
     const at::Tensor bias = params.size() > 1 ? params[1] : at::Tensor();
     auto out = conv2d_fp32_products(x, params[0], bias, stride, padding, dilation, groups);
     ctx->save_for_backward({x, params[0]});
-    ctx->saved_data["bias_sizes"] = bias.defined() ? bias.sizes().vec() : std::vector<int64_t>{};
-    ctx->saved_data["stride"] = stride;
-    ctx->saved_data["padding"] = padding;
-    ctx->saved_data["dilation"] = dilation;
-    ctx->saved_data["groups"] = groups;
+    detail::ConvGeometry{bias.defined() ? bias.sizes().vec() : std::vector<int64_t>{}, std::move(stride),
+                         std::move(padding), std::move(dilation), groups}
+        .save(ctx);
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto saved = ctx->get_saved_variables();
-    const auto bias_sizes = ctx->saved_data["bias_sizes"].toIntVector();
-    std::optional<at::IntArrayRef> bias_opt;
-    if (!bias_sizes.empty()) bias_opt = at::IntArrayRef(bias_sizes);
-    const auto stride = ctx->saved_data["stride"].toIntVector();
-    const auto padding = ctx->saved_data["padding"].toIntVector();
-    const auto dilation = ctx->saved_data["dilation"].toIntVector();
-    const std::vector<int64_t> output_padding(stride.size(), 0);
-    auto [gx, gw, gb] = at::convolution_backward(
-        grad_out[0].to(torch::kFloat), rounded_fp32(saved[0]), rounded_fp32(saved[1]), bias_opt, stride, padding,
-        dilation, /*transposed=*/false, output_padding, ctx->saved_data["groups"].toInt(),
-        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), !bias_sizes.empty() && ctx->needs_input_grad(2)});
+    const auto geometry = detail::ConvGeometry::load(ctx);
+    auto [gx, gw, gb] =
+        geometry.backward(ctx, grad_out[0].to(torch::kFloat), rounded_fp32(saved[0]), rounded_fp32(saved[1]));
     if (gx.defined()) gx = gx.to(saved[0].scalar_type());
     if (gw.defined()) gw = gw.to(saved[1].scalar_type());
     variable_list grads{gx, gw};
-    if (!bias_sizes.empty()) grads.push_back(gb.defined() ? gb.to(saved[1].scalar_type()) : gb);
+    if (!geometry.bias_sizes.empty()) grads.push_back(gb.defined() ? gb.to(saved[1].scalar_type()) : gb);
     grads.resize(grads.size() + 4);  // stride, padding, dilation, groups
     return grads;
   }

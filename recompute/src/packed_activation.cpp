@@ -1,5 +1,6 @@
 #include "leantrain/recompute/packed_activation.h"
 #include "leantrain/recompute/conv_products.h"
+#include "conv_geometry.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -649,11 +650,9 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
     ctx->saved_data["run_dtype"] = static_cast<int64_t>(fp32_products ? at::kFloat : out.scalar_type());
     ctx->saved_data["fp32_products"] = fp32_products;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x_edge.scalar_type());
-    ctx->saved_data["bias_sizes"] = params.size() > 1 ? params[1].sizes().vec() : std::vector<int64_t>{};
-    ctx->saved_data["stride"] = stride;
-    ctx->saved_data["padding"] = padding;
-    ctx->saved_data["dilation"] = dilation;
-    ctx->saved_data["groups"] = groups;
+    detail::ConvGeometry{params.size() > 1 ? params[1].sizes().vec() : std::vector<int64_t>{}, std::move(stride),
+                         std::move(padding), std::move(dilation), groups}
+        .save(ctx);
     return {out};
   }
 
@@ -672,23 +671,14 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
     x = fp32_products ? rounded_fp32(x) : (x.scalar_type() != run ? x.to(run) : x);
     const auto w = fp32_products ? rounded_fp32(weight) : (weight.scalar_type() == run ? weight : weight.to(run));
     const auto g = grad_out[0].scalar_type() == run ? grad_out[0] : grad_out[0].to(run);
-    const auto bias_sizes = ctx->saved_data["bias_sizes"].toIntVector();
-    std::optional<at::IntArrayRef> bias_opt;
-    if (!bias_sizes.empty()) bias_opt = at::IntArrayRef(bias_sizes);
-    const auto stride = ctx->saved_data["stride"].toIntVector();
-    const auto padding = ctx->saved_data["padding"].toIntVector();
-    const auto dilation = ctx->saved_data["dilation"].toIntVector();
-    const std::vector<int64_t> output_padding(stride.size(), 0);
-    auto [gx, gw, gb] = at::convolution_backward(
-        g, x, w, bias_opt, stride, padding, dilation, /*transposed=*/false, output_padding,
-        ctx->saved_data["groups"].toInt(),
-        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), !bias_sizes.empty() && ctx->needs_input_grad(2)});
+    const auto geometry = detail::ConvGeometry::load(ctx);
+    auto [gx, gw, gb] = geometry.backward(ctx, g, x, w);
     x.reset();
     if (gx.defined() && gx.scalar_type() != x_dtype) gx = gx.to(x_dtype);
     if (gw.defined() && gw.scalar_type() != weight.scalar_type()) gw = gw.to(weight.scalar_type());
     if (gb.defined() && gb.scalar_type() != weight.scalar_type()) gb = gb.to(weight.scalar_type());
     torch::autograd::variable_list grads{gx, gw};
-    if (!bias_sizes.empty()) grads.push_back(gb);
+    if (!geometry.bias_sizes.empty()) grads.push_back(gb);
     grads.resize(grads.size() + 6);  // holder, stride, padding, dilation, groups, fp32_products
     return grads;
   }

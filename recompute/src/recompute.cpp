@@ -214,9 +214,7 @@ at::Tensor batch_norm_keeping_stats(torch::nn::BatchNorm2dImpl& bn, const at::Te
   if (!x.device().is_cpu() || !bn.is_training() || !o.track_running_stats() || !bn.num_batches_tracked.defined() ||
       x.dim() != 4 || x.size(0) * x.size(2) * x.size(3) == 1)
     return bn.forward(x);  // including the module's errors for a wrong input
-  // What BatchNormImplBase::forward does before it calls F::batch_norm.
-  bn.num_batches_tracked += 1;
-  const double factor = o.momentum() ? *o.momentum() : 1.0 / bn.num_batches_tracked.item<double>();
+  const double factor = count_batch(bn);
   auto [out, m, s] = at::native_batch_norm(x, bn.weight, bn.bias, bn.running_mean, bn.running_var,
                                            /*training=*/true, factor, o.eps());
   mean = m;
@@ -429,6 +427,13 @@ torch::Tensor apply_checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>&
 }
 
 }  // namespace
+
+double count_batch(torch::nn::BatchNorm2dImpl& bn) {
+  // What BatchNormImplBase::forward does before it calls F::batch_norm.
+  bn.num_batches_tracked += 1;
+  const auto& momentum = bn.options.momentum();
+  return momentum ? *momentum : 1.0 / bn.num_batches_tracked.item<double>();
+}
 
 torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {

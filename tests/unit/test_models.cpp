@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "autograd_nodes.h"
 #include "leantrain/recompute/recompute.h"
 #include "leantrain/models/batch_norm_relu.h"
 #include "leantrain/models/model.h"
@@ -657,6 +658,8 @@ TEST(Models, ResNetFusedBatchNormReluMatchesSeparate) {
     }
     model->train();
     const auto l = model->forward_loss(x, y);
+    // The fused model runs its 7 pairs (the stem's, bn1 and bn2 of 3 bottlenecks) fused.
+    EXPECT_EQ(lt_test::count_nodes(l, "BatchNormRelu"), fused ? 7 : 0) << c.bn_relu;
     l.backward();
     loss[fused] = l.item<float>();
     for (const auto& p : model->named_parameters()) got[fused][p.key() + ".grad"] = p.value().grad().clone();

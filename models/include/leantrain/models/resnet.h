@@ -175,7 +175,6 @@ class ResNet : public Model {
   std::vector<int64_t> stage_blocks_;
   ResNetCheckpointUnits units_;
   bool channels_last_ = false;
-  recompute::HeadMatmul conv_products_ = recompute::HeadMatmul::kAuto;
 };
 
 /// Blocks per stage and block kind ("basic" | "bottleneck") for cfg (depth or layers+block).

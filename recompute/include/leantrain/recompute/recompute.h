@@ -40,6 +40,11 @@ torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inpu
 torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params,
                          const std::vector<torch::nn::Module*>& buffers_of);
+/// What a training BatchNorm module's forward does before it normalises, for code that runs
+/// its kernels without the module: counts the batch (num_batches_tracked += 1) and returns
+/// the running statistics' update factor (the momentum; 1 / num_batches_tracked without one).
+double count_batch(torch::nn::BatchNorm2dImpl& bn);
+
 /// A unit that begins with a convolution and ends with a BatchNorm: last(middle({first(x)})).
 struct ConvUnit {
   torch::nn::Conv2dImpl* first = nullptr;
