@@ -25,7 +25,8 @@ void Model::apply_recompute(const RecomputePolicy& policy) {
     if (!policy.checkpoints_block(i, count) || !block.is_training()) return block.forward(x);
     std::vector<torch::Tensor> params = block.parameters();
     return recompute::in_backward([&block](const std::vector<torch::Tensor>& in) { return block.forward(in[0]); }, {x},
-                               params, &block);
+                               params, {&block},
+                               [&block](const std::vector<torch::Tensor>& in) { return block.forward_for_gradients(in[0]); });
   });
 }
 

@@ -3,10 +3,13 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <optional>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
 
+#include "leantrain/recompute/cpu_kernels.h"
 #include "leantrain/runtime/errors.h"
 
 
@@ -116,6 +119,7 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     auto grad_hv = torch::empty({m, h.size(1)}, h.options().dtype(compute));
     auto total = torch::zeros({}, h.options().dtype(torch::kFloat));
     const auto inv_count = count.reciprocal();
+    std::optional<double> inv_count_value;  // read once, by the first chunk that needs it on the host
     {  // the casts live only through the chunks
       // The products' operands: in the matmul dtype, or rounded to it and widened to fp32
       // (Note [Head products in fp32 where bf16 GEMMs are slow]).
@@ -131,15 +135,22 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
         const int64_t len = std::min(chunk, m - s);
         const auto x = fp32_products ? xc.narrow(0, s, len).to(torch::kFloat) : xc.narrow(0, s, len);
         const auto t = tv.narrow(0, s, len).unsqueeze(1);
-        // One fused log-softmax (the kernel cross-entropy runs) instead of logsumexp's passes
-        // and a subtraction: the chunk's losses are -log p[target].
-        auto logp = at::_log_softmax((bc.defined() ? at::linear(x, wc, bc) : at::linear(x, wc)).to(torch::kFloat), 1,
-                                     /*half_to_float=*/false);
-        total.sub_(logp.gather(1, t).sum());
-        // d(sum of the chunk's losses)/d logits = softmax - onehot; then / count (the mean).
-        logp.exp_();
-        logp.scatter_add_(1, t, torch::full({len, 1}, -1.0f, logp.options()));
-        logp.mul_(inv_count);
+        auto logp = (bc.defined() ? at::linear(x, wc, bc) : at::linear(x, wc)).to(torch::kFloat);
+        if (softmax_xent_kernel_applies(logp)) {
+          // The CPU: the chunk's losses and d(their sum)/d logits / count in one kernel that
+          // keeps each row in cache (Note [CPU kernels for the tanh GELU and the loss's softmax]).
+          if (!inv_count_value) inv_count_value = inv_count.item<double>();
+          total.add_(softmax_xent_grad_(logp, t.squeeze(1), *inv_count_value));
+        } else {
+          // One fused log-softmax (the kernel cross-entropy runs) instead of logsumexp's passes
+          // and a subtraction: the chunk's losses are -log p[target].
+          logp = at::_log_softmax(logp, 1, /*half_to_float=*/false);
+          total.sub_(logp.gather(1, t).sum());
+          // d(sum of the chunk's losses)/d logits = softmax - onehot; then / count (the mean).
+          logp.exp_();
+          logp.scatter_add_(1, t, torch::full({len, 1}, -1.0f, logp.options()));
+          logp.mul_(inv_count);
+        }
         if (fp32_products) {
           // fp32 GEMMs from the fp32 logit gradient; grad_weight accumulates inside the GEMM.
           grad_hv.narrow(0, s, len).copy_(at::mm(logp, wc));

@@ -79,6 +79,7 @@ struct CastCacheOff {
 
 struct Recompute : torch::CustomClassHolder {
   RecomputeFn fn;
+  RecomputeFn rerun;  // what backward runs instead of fn, when set (in_backward)
   std::vector<torch::nn::Module*> buffers_of;
   size_t n_inputs = 0, n_params = 0;
   // A packed input (Note [Packed block inputs]): handed to forward here, then saved there.
@@ -364,7 +365,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         out = packed ? rc->fn({conv_keeping_packed_input(
                                 *rc->first_conv, inputs[0], *rc->pack,
                                 conv_products_in_fp32(rc->conv_products, inputs[0].device().type()))})
-                          : rc->fn(inputs);
+                          : (rc->rerun ? rc->rerun : rc->fn)(inputs);
         if (rc->last_bn)
           out = rc->bn_mean.defined() ? batch_norm_tail(*rc->last_bn, out, rc->bn_mean, rc->bn_invstd)
                                       : rc->last_bn->forward(out);
@@ -410,11 +411,13 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 torch::Tensor apply_checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                                const std::vector<torch::Tensor>& params,
                                const std::vector<torch::nn::Module*>& buffers_of, std::optional<PackedTensor> pack,
-                               bool shared_params = false, const ConvUnit* unit = nullptr) {
+                               bool shared_params = false, const ConvUnit* unit = nullptr,
+                               RecomputeFn rerun = {}) {
   if (!torch::GradMode::is_enabled())
     return unit ? unit->last->forward(fn({unit->first->forward(inputs[0])})) : fn(inputs);
   auto rc = c10::make_intrusive<Recompute>();
   rc->fn = std::move(fn);
+  rc->rerun = std::move(rerun);
   if (unit) {
     rc->first_conv = unit->first;
     rc->conv_products = unit->conv_products;
@@ -436,8 +439,10 @@ double count_batch(torch::nn::BatchNorm2dImpl& bn) {
 }
 
 torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
-                         const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
-  return apply_checkpoint(std::move(fn), inputs, params, buffers_of, std::nullopt);
+                         const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of,
+                         RecomputeFn rerun) {
+  return apply_checkpoint(std::move(fn), inputs, params, buffers_of, std::nullopt, /*shared_params=*/false,
+                          /*unit=*/nullptr, std::move(rerun));
 }
 
 torch::Tensor in_backward(const ConvUnit& unit, const torch::Tensor& x, const PackedTensor& packed,

@@ -51,6 +51,11 @@ SKIP = 77
 # bit for bit in practice. A loss is a blunt probe (using tanh instead of erf GELU moves it by
 # only ~1e-7 relative), so the tolerance is far below 1e-5.
 REL_TOL = 1e-9
+# Except GPT's: its tanh GELU runs leantrain's own CPU kernel (Note [CPU kernels for the tanh
+# GELU and the loss's softmax], recompute/src/cpu_kernels.cpp: within 2e-6 relative of the tanh
+# GELU, as ATen's float kernel is), so its eval loss lands ~2e-8 from the reference's, not on
+# it. The outputs' check below (OUT_TOL) still holds it to the reference elementwise.
+REL_TOL_BY_KIND = {"gpt": 5e-8}
 # The issue's bound on outputs: max|a-b| <= OUT_TOL * max(1, max|C++ output|) (check_outputs.py).
 OUT_TOL = 1e-5
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -224,7 +229,7 @@ def main(argv):
             loss, acc = eval_loss(model, batches())
             want = epoch["eval_loss"]
             rel = abs(loss - want) / max(abs(want), 1e-12)
-            ok = rel <= REL_TOL and ("eval_accuracy" not in epoch or abs(acc - epoch["eval_accuracy"]) < 1e-9)
+            ok = rel <= REL_TOL_BY_KIND.get(name, REL_TOL) and ("eval_accuracy" not in epoch or abs(acc - epoch["eval_accuracy"]) < 1e-9)
             ran += 1
             print(f"{'ok  ' if ok else 'FAIL'} {name}: eval loss C++ {want:.9f}, reference {loss:.9f} "
                   f"(rel diff {rel:.2e})" + (f"; accuracy C++ {epoch['eval_accuracy']:.6f}, reference {acc:.6f}"

@@ -225,6 +225,57 @@ TEST(FeedForward, UnderRecomputeTheRerunRunsThePlainExpression) {
     }
 }
 
+// Note [A unit's last product is not rerun]: forward_for_gradients builds the graph forward
+// builds, with an UnreadLinear node for proj and zeros for its output, so x + mlp(x) gives
+// bitwise the gradients of the plain expression in every precision, GELU and rank; under
+// in_backward with it as the `rerun` (as Model::apply_recompute passes a GPT block's), the
+// checkpointed gradients are bitwise the plain graph's and the rerun ran it.
+TEST(FeedForward, ForwardForGradientsSkipsTheLastProductAndKeepsEveryGradient) {
+  for (const auto& prec : kPrecisions)
+    for (const char* approximate : {"tanh", "none"})
+      for (const std::vector<int64_t> lead : {std::vector<int64_t>{24}, std::vector<int64_t>{3, 16}}) {
+        SCOPED_TRACE(std::string(prec.name) + ", gelu " + approximate + ", " + std::to_string(lead.size() + 1) + "D");
+        auto ff = make_ff(approximate, prec.params);
+        auto shape = lead;
+        shape.push_back(32);
+        torch::manual_seed(6);
+        const auto x0 = torch::randn(shape, prec.params);
+        const auto upstream = torch::randn(shape, prec.params);
+        auto grads = [&](int mode) {  // 0: forward; 1: forward_for_gradients; 2: in_backward with it as rerun
+          for (auto& p : ff->parameters()) p.mutable_grad() = torch::Tensor();
+          auto x = x0.clone().requires_grad_(true);
+          torch::Tensor out;
+          int unread_nodes = -1;
+          bool reran = false;
+          {
+            Autocast ac(prec.autocast, at::kCPU);
+            auto fwd = [&](const std::vector<torch::Tensor>& in) { return in[0] + ff->forward(in[0]); };
+            auto rerun = [&](const std::vector<torch::Tensor>& in) {
+              auto y = ff->forward_for_gradients(in[0]);
+              unread_nodes = lt_test::count_nodes(y, "UnreadLinear");
+              EXPECT_TRUE(torch::equal(y, torch::zeros_like(y)));
+              reran = true;
+              return in[0] + y;
+            };
+            if (mode == 0) out = fwd({x});
+            else if (mode == 1) out = rerun({x});
+            else out = lt::recompute::in_backward(fwd, {x}, ff->parameters(), std::vector<torch::nn::Module*>{}, rerun);
+          }
+          out.backward(upstream.to(out.scalar_type()));
+          Result r{torch::Tensor(), x.grad(), {}, false};
+          for (auto& p : ff->parameters()) r.grads.push_back(p.grad());
+          if (mode > 0) {
+            EXPECT_TRUE(reran);
+            EXPECT_EQ(unread_nodes, 1);
+          }
+          return r;
+        };
+        const auto plain = grads(0);
+        expect_same(grads(1), plain);
+        expect_same(grads(2), plain);
+      }
+}
+
 // Bytes kept from the MLP's forward to its backward (the tracking allocator), output excluded.
 int64_t kept(bool recompute_gelu, std::optional<at::ScalarType> autocast, int64_t n, int64_t d, int64_t f) {
   auto ff = make_ff("tanh", torch::kFloat, torch::kCPU, d, f);

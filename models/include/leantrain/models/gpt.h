@@ -37,6 +37,9 @@ class GPTBlockImpl : public BlockImpl {
   GPTBlockImpl(int64_t d_model, int64_t n_head, int64_t d_ff, double dropout,
                AttentionImpl attention = AttentionImpl::kSdpa);
   torch::Tensor forward(const torch::Tensor& x) override;
+  /// The rerun's forward: the MLP's last product is not computed (Note [A unit's last
+  /// product is not rerun]).
+  torch::Tensor forward_for_gradients(const torch::Tensor& x) override;
 
   torch::nn::LayerNorm ln1{nullptr};
   std::shared_ptr<SelfAttentionImpl> attn;
@@ -44,6 +47,7 @@ class GPTBlockImpl : public BlockImpl {
   std::shared_ptr<FeedForwardImpl> mlp;
 
  private:
+  torch::Tensor run(const torch::Tensor& x, bool output_read);
   double dropout_;
 };
 

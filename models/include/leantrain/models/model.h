@@ -40,6 +40,11 @@ const char* task_name(Task task);
 class BlockImpl : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  /// forward(x) as a checkpoint's rerun runs it (recompute::in_backward's `rerun`): the same
+  /// graph, so the same gradients, but the output's values may be left uncomputed, since the
+  /// rerun only differentiates them (Note [A unit's last product is not rerun]). By default,
+  /// forward(x).
+  virtual torch::Tensor forward_for_gradients(const torch::Tensor& x) { return forward(x); }
 };
 
 /// Runs block i on x. apply_recompute installs one that recomputes blocks in backward.

@@ -36,10 +36,14 @@ using RecomputeFn = std::function<torch::Tensor(const std::vector<torch::Tensor>
 torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params,
                          torch::nn::Module* buffers_of = nullptr);
-/// The same with the buffers of several modules restored (a segment of blocks).
+/// The same with the buffers of several modules restored (a segment of blocks), and, when
+/// `rerun` is given, backward runs rerun(inputs) instead of fn(inputs): a function that builds
+/// the graph fn builds (the same saved tensors, hence the same gradients) but whose output's
+/// values are never read, since backward only differentiates it, so it may leave them
+/// uncomputed (Note [A unit's last product is not rerun], models/src/transformer.cpp).
 torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params,
-                         const std::vector<torch::nn::Module*>& buffers_of);
+                         const std::vector<torch::nn::Module*>& buffers_of, RecomputeFn rerun = {});
 /// What a training BatchNorm module's forward does before it normalises, for code that runs
 /// its kernels without the module: counts the batch (num_batches_tracked += 1) and returns
 /// the running statistics' update factor (the momentum; 1 / num_batches_tracked without one).
