@@ -632,27 +632,33 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_edge,
                                                 at::TensorList params, c10::intrusive_ptr<PackHolder> holder, std::vector<int64_t> stride,
                                                 std::vector<int64_t> padding, std::vector<int64_t> dilation,
-                                                int64_t groups, bool fp32_products) {
+                                                int64_t groups, bool fp32_products, bool training) {
     at::Tensor out;
+    detail::ConvGeometry geometry{params.size() > 1 ? params[1].sizes().vec() : std::vector<int64_t>{},
+                                  std::move(stride), std::move(padding), std::move(dilation), groups};
     {
       const auto x = unpack_tensor(holder->pack);
       TORCH_CHECK(x.sizes() == x_edge.sizes() && x.scalar_type() == x_edge.scalar_type(),
                   "conv_keeping_packed_input: the packed input is ", x.scalar_type(), " ", x.sizes(),
                   ", its stand-in ", x_edge.scalar_type(), " ", x_edge.sizes());
       const at::Tensor bias = params.size() > 1 ? params[1] : at::Tensor();
-      // What Conv2d's forward runs, or conv2d's fp32 products (Note [Convolutions in fp32 where
-      // bf16 is slow], conv_products.cpp).
-      out = fp32_products ? conv2d_fp32_products(x, params[0], bias, stride, padding, dilation, groups)
-                          : at::conv2d(x, params[0], bias, stride, padding, dilation, groups);
+      // conv_runs_as_gemm's choice, for the unpacked input.
+      const bool gemm = detail::gemm_conv_dtypes(x, params[0], fp32_products) &&
+                        detail::gemm_conv_applies(x, params[0], geometry.stride, geometry.padding, geometry.dilation,
+                                                  groups, training);
+      geometry.gemm = gemm;
+      // What lt::recompute::conv2d runs: Conv2d's forward, or as GEMMs (Note [1x1 convolutions
+      // as GEMMs]), or with fp32 products (Note [Convolutions in fp32 where bf16 is slow]).
+      out = fp32_products ? conv2d_fp32_products(x, params[0], bias, geometry.stride, geometry.padding,
+                                                 geometry.dilation, groups, gemm)
+                          : geometry.forward(x, params[0], bias);
     }
     ctx->save_for_backward({params[0]});
     ctx->saved_data["pack"] = c10::IValue::make_capsule(holder);
     ctx->saved_data["run_dtype"] = static_cast<int64_t>(fp32_products ? at::kFloat : out.scalar_type());
     ctx->saved_data["fp32_products"] = fp32_products;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x_edge.scalar_type());
-    detail::ConvGeometry{params.size() > 1 ? params[1].sizes().vec() : std::vector<int64_t>{}, std::move(stride),
-                         std::move(padding), std::move(dilation), groups}
-        .save(ctx);
+    geometry.save(ctx);
     return {out};
   }
 
@@ -679,7 +685,7 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
     if (gb.defined() && gb.scalar_type() != weight.scalar_type()) gb = gb.to(weight.scalar_type());
     torch::autograd::variable_list grads{gx, gw};
     if (!geometry.bias_sizes.empty()) grads.push_back(gb);
-    grads.resize(grads.size() + 6);  // holder, stride, padding, dilation, groups, fp32_products
+    grads.resize(grads.size() + 7);  // holder, stride, padding, dilation, groups, fp32_products, training
     return grads;
   }
 };
@@ -700,7 +706,7 @@ at::Tensor conv_keeping_packed_input(torch::nn::Conv2dImpl& conv, const at::Tens
   if (conv.bias.defined()) params.push_back(conv.bias);
   return PackedInputConv::apply(x_edge, at::TensorList(params), holder, at::IntArrayRef(o.stride()).vec(),
                                 at::IntArrayRef(*padding).vec(), at::IntArrayRef(o.dilation()).vec(), o.groups(),
-                                fp32_products)[0];
+                                fp32_products, conv.is_training())[0];
 }
 
 at::Tensor masked_scale(const at::Tensor& x, const at::Tensor& bits, const at::Tensor& value) {

@@ -128,19 +128,25 @@ void expect_bitwise_equal(const Run& plain, const Run& ck) {
 // expect_bitwise_equal for the bottleneck ResNet in both layouts under full and selective;
 // under bf16 with the convolutions' products in bf16 and in fp32 (Note [Convolutions in fp32
 // where bf16 is slow]: the plain blocks, the units' first convolutions and the packed one).
+// At one thread too, where the 1x1 convolutions run as GEMMs (Note [1x1 convolutions as GEMMs]).
 void expect_resnet_layouts_bitwise_equal(const std::string& precision) {
   auto c = tiny("resnet_bottleneck");
   using lt::recompute::HeadMatmul;
-  for (const auto conv : precision == "bf16" ? std::vector<HeadMatmul>{HeadMatmul::kAutocast, HeadMatmul::kFp32}
-                                             : std::vector<HeadMatmul>{HeadMatmul::kAuto})
-    for (const char* format : {"contiguous", "channels_last"})
-      for (const char* policy : {"full", "selective"}) {
-        SCOPED_TRACE(std::string(format) + " " + policy + " " + precision + " conv products " +
-                     std::to_string(static_cast<int>(conv)));
-        c.memory_format = format;
-        expect_bitwise_equal(run(c, "none", precision, Differentiate::kBackward, conv),
-                             run(c, policy, precision, Differentiate::kBackward, conv));
-      }
+  const int threads = at::get_num_threads();
+  for (const int t : {threads, 1}) {
+    at::set_num_threads(t);
+    for (const auto conv : precision == "bf16" ? std::vector<HeadMatmul>{HeadMatmul::kAutocast, HeadMatmul::kFp32}
+                                               : std::vector<HeadMatmul>{HeadMatmul::kAuto})
+      for (const char* format : {"contiguous", "channels_last"})
+        for (const char* policy : {"full", "selective"}) {
+          SCOPED_TRACE(std::string(format) + " " + policy + " " + precision + " conv products " +
+                       std::to_string(static_cast<int>(conv)) + ", " + std::to_string(t) + " thread(s)");
+          c.memory_format = format;
+          expect_bitwise_equal(run(c, "none", precision, Differentiate::kBackward, conv),
+                               run(c, policy, precision, Differentiate::kBackward, conv));
+        }
+  }
+  at::set_num_threads(threads);
 }
 
 class CheckpointEquality : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
@@ -734,6 +740,88 @@ TEST(Checkpoint, ConvProductsInFp32AreAtLeastAsAccurate) {
   } catch (const lt::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("precision.conv_products"), std::string::npos) << e.what();
   }
+}
+
+// Note [1x1 convolutions as GEMMs]: at one thread a training 1x1 unstrided channels-last
+// convolution runs as GEMMs, whose output and gradients (input, weight, bias) agree with
+// ATen's convolution to fp32 rounding, in fp32 and with fp32 products under bf16; its output
+// and input gradient are channels-last; with two threads, in evaluation, with a stride, a
+// 3x3 kernel, NCHW or a batch of 16 it is the module's forward, bitwise.
+TEST(Checkpoint, OneByOneConvolutionsRunAsGemmsWhereAtenRunsThnn) {
+  using lt::recompute::HeadMatmul;
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  torch::manual_seed(13);
+  auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 24, 1).bias(true));
+  {
+    torch::NoGradGuard no_grad;
+    conv->weight.set_data(conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  conv->train();
+  const auto x0 = torch::randn({3, 16, 7, 9}).contiguous(at::MemoryFormat::ChannelsLast);
+  const auto g0 = torch::randn({3, 24, 7, 9});
+  struct Out {
+    torch::Tensor y, gx, gw, gb;
+  };
+  auto run_conv = [&](bool own, const char* precision) {
+    conv->zero_grad();
+    auto x = x0.clone().requires_grad_(true);
+    Out o;
+    {
+      lt::trainers::AutocastGuard ac(precision, torch::kCPU);
+      o.y = own ? lt::recompute::conv2d(*conv, x, HeadMatmul::kFp32) : conv->forward(x);
+    }
+    (o.y.to(torch::kFloat) * g0).sum().backward();
+    o.gx = x.grad();
+    o.gw = conv->weight.grad().clone();
+    o.gb = conv->bias.grad().clone();
+    return o;
+  };
+  EXPECT_TRUE(lt::recompute::conv_runs_as_gemm(*conv, x0, false));
+  EXPECT_TRUE(lt::recompute::conv_runs_as_gemm(*conv, x0.to(torch::kBFloat16), true));
+  const auto close = [](const torch::Tensor& a, const torch::Tensor& b, double rtol) {
+    return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>() <=
+           rtol * b.to(torch::kDouble).abs().max().item<double>();
+  };
+  {
+    SCOPED_TRACE("fp32");
+    const auto own = run_conv(true, "fp32"), aten = run_conv(false, "fp32");
+    EXPECT_TRUE(own.y.is_contiguous(at::MemoryFormat::ChannelsLast));
+    EXPECT_TRUE(own.gx.is_contiguous(at::MemoryFormat::ChannelsLast));
+    EXPECT_EQ(lt_test::count_nodes(own.y, "OwnConv"), 1) << "the GEMM route did not run";
+    EXPECT_TRUE(close(own.y, aten.y, 1e-6));
+    EXPECT_TRUE(close(own.gx, aten.gx, 1e-6));
+    EXPECT_TRUE(close(own.gw, aten.gw, 1e-6));
+    EXPECT_TRUE(close(own.gb, aten.gb, 1e-6));
+    // Deterministic.
+    const auto again = run_conv(true, "fp32");
+    EXPECT_TRUE(torch::equal(again.y, own.y) && torch::equal(again.gw, own.gw));
+  }
+  {
+    SCOPED_TRACE("bf16, fp32 products");
+    const auto own = run_conv(true, "bf16"), aten = run_conv(false, "bf16");
+    EXPECT_EQ(own.y.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(close(own.y, aten.y, 1e-2));
+    EXPECT_TRUE(close(own.gx, aten.gx, 1e-2));
+    EXPECT_TRUE(close(own.gw, aten.gw, 1e-2));
+  }
+  // Where it does not apply, conv2d is the module's forward.
+  auto forward_is_modules = [&](torch::nn::Conv2d& c, const torch::Tensor& x) {
+    return !lt::recompute::conv_runs_as_gemm(*c, x, false) &&
+           torch::equal(lt::recompute::conv2d(*c, x, HeadMatmul::kAuto), c->forward(x));
+  };
+  EXPECT_TRUE(forward_is_modules(conv, x0.contiguous()));                                       // NCHW
+  EXPECT_TRUE(forward_is_modules(conv, torch::randn({16, 16, 7, 9}).contiguous(at::MemoryFormat::ChannelsLast)));
+  auto strided = torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 24, 1).stride(2));
+  auto wide = torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 24, 3).padding(1));
+  EXPECT_TRUE(forward_is_modules(strided, x0));
+  EXPECT_TRUE(forward_is_modules(wide, x0));
+  conv->eval();
+  EXPECT_TRUE(forward_is_modules(conv, x0));
+  conv->train();
+  at::set_num_threads(2);
+  EXPECT_TRUE(forward_is_modules(conv, x0));
+  at::set_num_threads(threads);
 }
 
 TEST(Checkpoint, FusedLmLossHeadProductsInFp32AreAtLeastAsAccurate) {

@@ -14,8 +14,9 @@ namespace lt::recompute {
 /// products, head_products_in_fp32; precision.conv_products).
 bool conv_products_in_fp32(HeadMatmul choice, c10::DeviceType device);
 
-/// conv.forward(x), or, when conv_products_in_fp32(choice, x's device) and the convolution
-/// pads explicitly with zeros, the same convolution with fp32 products: x rounded to bf16 as
+/// conv.forward(x), or, when conv_runs_as_gemm, the same as GEMMs; or, when
+/// conv_products_in_fp32(choice, x's device) and the convolution pads explicitly with zeros,
+/// the same convolution with fp32 products (as GEMMs where conv_runs_as_gemm): x rounded to bf16 as
 /// autocast rounds it, the output bf16 as autocast's; the input gradient bf16, the weight's
 /// and bias's fp32 (not rounded through bf16 first).
 at::Tensor conv2d(torch::nn::Conv2dImpl& conv, const at::Tensor& x, HeadMatmul choice);
@@ -25,7 +26,12 @@ at::Tensor conv2d(torch::nn::Conv2dImpl& conv, const at::Tensor& x, HeadMatmul c
 /// the same bits.
 at::Tensor conv2d_fp32_products(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                 at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                                int64_t groups);
+                                int64_t groups, bool gemm = false);
+
+/// Whether conv2d runs `conv` on x (bf16 when fp32_products) as GEMMs: a training 1x1
+/// convolution where ATen would run its single-threaded THNN kernel (Note [1x1 convolutions
+/// as GEMMs], conv_products.cpp). The convolution that keeps its input packed asks too.
+bool conv_runs_as_gemm(const torch::nn::Conv2dImpl& conv, const at::Tensor& x, bool fp32_products);
 
 /// The operands conv2d_fp32_products' backward differentiates with: the weight rounded to
 /// bf16 and widened.
