@@ -67,7 +67,7 @@ at::Tensor conv2d_fp32_products(const at::Tensor& x, const at::Tensor& weight, c
 // 1.95-1.97 s. With more threads ATen runs oneDNN, which is as fast or faster at 56x56, so
 // this is only where ATen takes its THNN path (detail::gemm_conv_applies), and only in
 // training (evaluation runs ATen's kernels, which the reference comparisons hold bitwise).
-// Every path that runs a ResNet convolution (the plain blocks through GemmConv, the fp32
+// Every path that runs a ResNet convolution (the plain blocks through OwnConv, the fp32
 // products, the units' first convolutions, the one that keeps its input packed) makes the
 // same choice with the same calls, so checkpointed runs stay bitwise equal to plain ones.
 

@@ -17,13 +17,14 @@ namespace lt::recompute {
 
 // Note [CPU kernels for the tanh GELU and the loss's softmax]
 // Two ops of a GPT step run well below what the CPU does on their bytes, in ATen 2.11 on the
-// 2-core Xeon of the benchmarks (AVX-512), each measured alone:
+// 2-core Xeon of the benchmarks (AVX-512):
 // - the tanh GELU (GPT-2's) over [1024, 3072] fp32: 3.9 ms forward on 2 threads, where
 //   torch.tanh over the same values takes 0.7 ms; gelu_backward 3.7 ms. A GPT-6L fp32 step with
-//   full recompute runs 24 forwards and 12 backwards of that size: ~230 ms of its ~5.1 s.
-// - the fused LM loss's chunk (Note [Fused LM loss]): _log_softmax over [512, 50257] fp32
-//   takes 32 ms (softmax 16 ms), then exp_ and mul_ each make another pass over the 103 MB
-//   (7 and 4 ms): ~45 ms per chunk, four chunks per GPT step of 2 x 1024 tokens.
+//   full recompute runs 24 forwards and 12 backwards of that size: ~230 ms of its ~5.1 s
+//   (leantrain_bench_profile).
+// - the fused LM loss's chunk (Note [Fused LM loss]): alone, _log_softmax over [512, 50257]
+//   fp32 takes 32 ms (softmax 16 ms), and exp_ and mul_ each make another pass over the 103 MB;
+//   in that profiled step 36 + 7 + 4 ms per chunk, four chunks per step of 2 x 1024 tokens.
 // Here both are loops the compiler vectorises, built (target_clones) for x86-64-v4 (AVX-512),
 // v3 (AVX2, FMA) and the baseline and picked when the library loads, over one exp:
 // - exp_f: Cephes' expf (degree-6 polynomial after reducing by n ln 2 in two parts, 2^n put
