@@ -1,5 +1,6 @@
 // GPT and BERT, and the attention / MLP layers they share.
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -218,6 +219,25 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// proj's backward for linear(g, weight, bias), the ops autograd runs for it (above), for the
+// gradients ctx needs (input 0: what g is made from, 1: weight, 2: bias): g's gradient in
+// g_dtype and g_sizes, the weight's and the bias's. g_operand() gives g in linear_dtype, the
+// product's operand; it is called only for the weight gradient.
+struct ProjGrads {
+  torch::Tensor g, weight, bias;
+};
+ProjGrads proj_backward(AutogradContext* ctx, const torch::Tensor& grad_out, const torch::Tensor& weight,
+                        const torch::Tensor& bias, c10::ScalarType linear_dtype, at::IntArrayRef g_sizes,
+                        c10::ScalarType g_dtype, const std::function<torch::Tensor()>& g_operand) {
+  const auto grad = grad_out.reshape({-1, weight.size(0)});  // [N,D], the matmul's output
+  ProjGrads r;
+  if (ctx->needs_input_grad(1))
+    r.weight = grad.t().mm(g_operand().reshape({-1, weight.size(1)})).to(weight.scalar_type());
+  if (ctx->needs_input_grad(2)) r.bias = at::sum_to(grad_out, bias.sizes()).to(bias.scalar_type());
+  if (ctx->needs_input_grad(0)) r.g = grad.mm(weight.to(linear_dtype)).view(g_sizes).to(g_dtype);
+  return r;
+}
+
 struct GeluLinear : torch::autograd::Function<GeluLinear> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& weight,
                                const torch::Tensor& bias, const std::string& approximate) {
@@ -240,19 +260,14 @@ struct GeluLinear : torch::autograd::Function<GeluLinear> {
     const auto approximate = ctx->saved_data["approximate"].toStringRef();
     const auto gelu_dtype = static_cast<c10::ScalarType>(ctx->saved_data["gelu_dtype"].toInt());
     const auto linear_dtype = static_cast<c10::ScalarType>(ctx->saved_data["linear_dtype"].toInt());
-    const auto grad = grad_out[0].reshape({-1, weight.size(0)});  // [N,D], the matmul's output
-    torch::Tensor grad_weight, grad_bias, grad_h;
-    if (ctx->needs_input_grad(1)) {
-      // proj's weight gradient grad^T g, from g computed again (then let go).
-      const auto g = lt::recompute::gelu(h.to(gelu_dtype), approximate).to(linear_dtype).reshape({-1, weight.size(1)});
-      grad_weight = grad.t().mm(g).to(weight.scalar_type());
-    }
-    if (ctx->needs_input_grad(2)) grad_bias = at::sum_to(grad_out[0], bias.sizes()).to(bias.scalar_type());
-    if (ctx->needs_input_grad(0)) {
-      const auto grad_g = grad.mm(weight.to(linear_dtype)).view(h.sizes()).to(gelu_dtype);
-      grad_h = lt::recompute::gelu_backward(grad_g, h.to(gelu_dtype), approximate).to(h.scalar_type());
-    }
-    return {grad_h, grad_weight, grad_bias, torch::Tensor()};
+    // proj's weight gradient grad^T g, from g computed again (then let go).
+    auto r = proj_backward(ctx, grad_out[0], weight, bias, linear_dtype, h.sizes(), gelu_dtype, [&] {
+      return lt::recompute::gelu(h.to(gelu_dtype), approximate).to(linear_dtype);
+    });
+    torch::Tensor grad_h;
+    if (r.g.defined())
+      grad_h = lt::recompute::gelu_backward(r.g, h.to(gelu_dtype), approximate).to(h.scalar_type());
+    return {grad_h, r.weight, r.bias, torch::Tensor()};
   }
 };
 
@@ -264,7 +279,7 @@ struct GeluLinear : torch::autograd::Function<GeluLinear> {
 // nothing of its output (an add; proj's backward reads its input, its weight and the incoming
 // gradient). So the rerun (GPTBlockImpl::forward_for_gradients, passed to in_backward as its
 // `rerun`) ends in UnreadLinear: a node that saves what proj's backward reads and whose
-// backward runs GeluLinear's matmuls (so the same ops as autograd's for proj, bitwise), and
+// backward runs GeluLinear's matmuls (proj_backward: the same ops as autograd's for proj), and
 // whose output is zeros of proj's output dtype and shape instead of the [N,F] x [F,D] product:
 // at d 768 and 1,024 tokens 4.8 of the rerun's 14.5 GFLOP of matmuls, ~17 ms on 2 cores; with
 // the first forward and the backward, 1/12 of a checkpointed layer's. ResNet's units drop their
@@ -295,12 +310,8 @@ struct UnreadLinear : torch::autograd::Function<UnreadLinear> {
     const auto& weight = saved[1];
     const auto& bias = saved[2];
     const auto g_dtype = static_cast<c10::ScalarType>(ctx->saved_data["g_dtype"].toInt());
-    const auto grad = grad_out[0].reshape({-1, weight.size(0)});
-    torch::Tensor grad_g, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(1)) grad_weight = grad.t().mm(g.reshape({-1, weight.size(1)})).to(weight.scalar_type());
-    if (ctx->needs_input_grad(2)) grad_bias = at::sum_to(grad_out[0], bias.sizes()).to(bias.scalar_type());
-    if (ctx->needs_input_grad(0)) grad_g = grad.mm(weight.to(g.scalar_type())).view(g.sizes()).to(g_dtype);
-    return {grad_g, grad_weight, grad_bias};
+    auto r = proj_backward(ctx, grad_out[0], weight, bias, g.scalar_type(), g.sizes(), g_dtype, [&] { return g; });
+    return {r.g, r.weight, r.bias};
   }
 };
 

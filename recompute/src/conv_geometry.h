@@ -15,13 +15,10 @@ namespace lt::recompute::detail {
 /// Whether a training convolution of x by w runs as GEMMs (Note [1x1 convolutions as GEMMs],
 /// conv_products.cpp): a 1x1 kernel, unstrided, unpadded, undilated, one group, x a 4-D
 /// channels-last CPU tensor, a batch below 16 and one thread — where ATen runs its THNN
-/// kernel. The caller checks the dtypes: fp32 operands outside autocast, or fp32 products.
+/// kernel — and an fp32 weight with either fp32 products (x bf16, widened) or an fp32 x that
+/// autocast leaves alone.
 bool gemm_conv_applies(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef stride, at::IntArrayRef padding,
-                       at::IntArrayRef dilation, int64_t groups, bool training);
-
-/// The dtypes gemm_conv_applies leaves to its caller: the fp32 products' operands (x bf16,
-/// widened), or fp32 x and w that autocast leaves alone.
-bool gemm_conv_dtypes(const at::Tensor& x, const at::Tensor& w, bool fp32_products);
+                       at::IntArrayRef dilation, int64_t groups, bool fp32_products, bool training);
 
 /// The convolution as one GEMM ([N H W, C] x [C, O] into a channels-last output), + bias.
 at::Tensor gemm_conv_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
@@ -51,10 +48,10 @@ struct ConvGeometry {
             ctx->saved_data["groups"].toInt(),           ctx->saved_data["gemm"].toBool()};
   }
 
-  /// The convolution's forward: gemm_conv_forward when `gemm`, else at::conv2d.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) const {
-    return gemm ? gemm_conv_forward(x, w, bias) : at::conv2d(x, w, bias, stride, padding, dilation, groups);
-  }
+  /// The convolution's forward: gemm_conv_forward when `gemm`, else at::conv2d; with
+  /// fp32_products, of the bf16-rounded operands widened to fp32, the output rounded to bf16
+  /// (Note [Convolutions in fp32 where bf16 is slow], conv_products.cpp).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, bool fp32_products) const;
 
   /// at::convolution_backward with this geometry (gemm_conv_backward when `gemm`), for the
   /// gradients the Function's inputs need: input 0 the convolution's input, 1 its weight, 2

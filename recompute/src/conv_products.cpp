@@ -41,13 +41,14 @@ at::Tensor rounded_fp32(const at::Tensor& t) {
   return t.scalar_type() == torch::kBFloat16 ? t.to(torch::kFloat) : t.to(torch::kBFloat16).to(torch::kFloat);
 }
 
-at::Tensor conv2d_fp32_products(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                                int64_t groups, bool gemm) {
+at::Tensor detail::ConvGeometry::forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                                         bool fp32_products) const {
+  const auto run = [&](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    return gemm ? gemm_conv_forward(x, w, b) : at::conv2d(x, w, b, stride, padding, dilation, groups);
+  };
+  if (!fp32_products) return run(x, w, bias);
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  const auto b = bias.defined() ? rounded_fp32(bias) : at::Tensor();
-  const auto rx = rounded_fp32(x), rw = rounded_fp32(weight);
-  return (gemm ? detail::gemm_conv_forward(rx, rw, b) : at::conv2d(rx, rw, b, stride, padding, dilation, groups))
+  return run(rounded_fp32(x), rounded_fp32(w), bias.defined() ? rounded_fp32(bias) : at::Tensor())
       .to(torch::kBFloat16);
 }
 
@@ -74,7 +75,11 @@ at::Tensor conv2d_fp32_products(const at::Tensor& x, const at::Tensor& weight, c
 namespace detail {
 
 bool gemm_conv_applies(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef stride, at::IntArrayRef padding,
-                       at::IntArrayRef dilation, int64_t groups, bool training) {
+                       at::IntArrayRef dilation, int64_t groups, bool fp32_products, bool training) {
+  if (w.scalar_type() != torch::kFloat ||
+      (!fp32_products &&
+       (x.scalar_type() != torch::kFloat || at::autocast::is_autocast_enabled(x.device().type()))))
+    return false;
   auto all = [](at::IntArrayRef v, int64_t value) {
     for (const auto e : v)
       if (e != value) return false;
@@ -83,12 +88,6 @@ bool gemm_conv_applies(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef
   return training && at::get_num_threads() == 1 && x.device().is_cpu() && x.dim() == 4 && w.dim() == 4 &&
          w.size(2) == 1 && w.size(3) == 1 && groups == 1 && all(stride, 1) && all(padding, 0) && all(dilation, 1) &&
          x.size(0) < 16 && x.size(1) == w.size(1) && x.is_contiguous(at::MemoryFormat::ChannelsLast);
-}
-
-bool gemm_conv_dtypes(const at::Tensor& x, const at::Tensor& w, bool fp32_products) {
-  if (w.scalar_type() != torch::kFloat) return false;
-  if (fp32_products) return true;
-  return x.scalar_type() == torch::kFloat && !at::autocast::is_autocast_enabled(x.device().type());
 }
 
 namespace {
@@ -139,9 +138,7 @@ struct OwnConv : torch::autograd::Function<OwnConv> {
     const at::Tensor bias = params.size() > 1 ? params[1] : at::Tensor();
     detail::ConvGeometry geometry{bias.defined() ? bias.sizes().vec() : std::vector<int64_t>{}, std::move(stride),
                                   std::move(padding), std::move(dilation), groups, gemm};
-    auto out = fp32_products ? conv2d_fp32_products(x, params[0], bias, geometry.stride, geometry.padding,
-                                                    geometry.dilation, groups, gemm)
-                             : geometry.forward(x, params[0], bias);
+    auto out = geometry.forward(x, params[0], bias, fp32_products);
     ctx->save_for_backward({x, params[0]});
     ctx->saved_data["fp32_products"] = fp32_products;
     geometry.save(ctx);
@@ -187,8 +184,9 @@ at::Tensor conv2d(torch::nn::Conv2dImpl& conv, const at::Tensor& x, HeadMatmul c
 bool conv_runs_as_gemm(const torch::nn::Conv2dImpl& conv, const at::Tensor& x, bool fp32_products) {
   const auto& o = conv.options;
   const auto* padding = std::get_if<torch::ExpandingArray<2>>(&o.padding());
-  if (padding == nullptr || o.transposed() || !detail::gemm_conv_dtypes(x, conv.weight, fp32_products)) return false;
-  return detail::gemm_conv_applies(x, conv.weight, o.stride(), *padding, o.dilation(), o.groups(), conv.is_training());
+  return padding != nullptr && !o.transposed() &&
+         detail::gemm_conv_applies(x, conv.weight, o.stride(), *padding, o.dilation(), o.groups(), fp32_products,
+                                   conv.is_training());
 }
 
 }  // namespace lt::recompute

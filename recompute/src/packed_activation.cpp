@@ -642,16 +642,12 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
                   "conv_keeping_packed_input: the packed input is ", x.scalar_type(), " ", x.sizes(),
                   ", its stand-in ", x_edge.scalar_type(), " ", x_edge.sizes());
       const at::Tensor bias = params.size() > 1 ? params[1] : at::Tensor();
-      // conv_runs_as_gemm's choice, for the unpacked input.
-      const bool gemm = detail::gemm_conv_dtypes(x, params[0], fp32_products) &&
-                        detail::gemm_conv_applies(x, params[0], geometry.stride, geometry.padding, geometry.dilation,
-                                                  groups, training);
-      geometry.gemm = gemm;
-      // What lt::recompute::conv2d runs: Conv2d's forward, or as GEMMs (Note [1x1 convolutions
-      // as GEMMs]), or with fp32 products (Note [Convolutions in fp32 where bf16 is slow]).
-      out = fp32_products ? conv2d_fp32_products(x, params[0], bias, geometry.stride, geometry.padding,
-                                                 geometry.dilation, groups, gemm)
-                          : geometry.forward(x, params[0], bias);
+      // What lt::recompute::conv2d runs: Conv2d's forward, or as GEMMs (conv_runs_as_gemm's
+      // choice, for the unpacked input: Note [1x1 convolutions as GEMMs]), or with fp32
+      // products (Note [Convolutions in fp32 where bf16 is slow]).
+      geometry.gemm = detail::gemm_conv_applies(x, params[0], geometry.stride, geometry.padding, geometry.dilation,
+                                                groups, fp32_products, training);
+      out = geometry.forward(x, params[0], bias, fp32_products);
     }
     ctx->save_for_backward({params[0]});
     ctx->saved_data["pack"] = c10::IValue::make_capsule(holder);
@@ -673,7 +669,7 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
     const auto run = static_cast<at::ScalarType>(ctx->saved_data["run_dtype"].toInt());
     const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const bool fp32_products = ctx->saved_data["fp32_products"].toBool();
-    // fp32 products: the operands as conv2d_fp32_products rounded them.
+    // fp32 products: the operands as the forward rounded them.
     x = fp32_products ? rounded_fp32(x) : (x.scalar_type() != run ? x.to(run) : x);
     const auto w = fp32_products ? rounded_fp32(weight) : (weight.scalar_type() == run ? weight : weight.to(run));
     const auto g = grad_out[0].scalar_type() == run ? grad_out[0] : grad_out[0].to(run);

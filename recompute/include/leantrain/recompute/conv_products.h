@@ -21,19 +21,12 @@ bool conv_products_in_fp32(HeadMatmul choice, c10::DeviceType device);
 /// and bias's fp32 (not rounded through bf16 first).
 at::Tensor conv2d(torch::nn::Conv2dImpl& conv, const at::Tensor& x, HeadMatmul choice);
 
-/// at::conv2d of bf16 x with fp32 products (the forward conv2d runs in that case); exposed for
-/// the convolution that keeps its input packed (packed_activation.cpp), which must compute
-/// the same bits.
-at::Tensor conv2d_fp32_products(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                                int64_t groups, bool gemm = false);
-
 /// Whether conv2d runs `conv` on x (bf16 when fp32_products) as GEMMs: a training 1x1
 /// convolution where ATen would run its single-threaded THNN kernel (Note [1x1 convolutions
 /// as GEMMs], conv_products.cpp). The convolution that keeps its input packed asks too.
 bool conv_runs_as_gemm(const torch::nn::Conv2dImpl& conv, const at::Tensor& x, bool fp32_products);
 
-/// The operands conv2d_fp32_products' backward differentiates with: the weight rounded to
+/// The operands a convolution with fp32 products runs and differentiates with: t rounded to
 /// bf16 and widened.
 at::Tensor rounded_fp32(const at::Tensor& t);
 
