@@ -67,7 +67,7 @@ Row measure(const Options& o, const std::string& attention, const std::string& p
   cfg.train.weight_decay = 0;
   cfg.train.grad_clip = 0;
   cfg.precision.mode = o.precision;
-  cfg.memory.activation_checkpoint = policy;
+  cfg.memory.recompute = policy;
   cfg.memory.budget = std::to_string(budget);
   lt::RuntimeContext ctx;
   ctx.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

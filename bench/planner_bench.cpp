@@ -1,7 +1,7 @@
 // Benchmark: the memory planner (issue 7, docs/BENCH_PLANNER.md). For each model and CPU (or
 // GPU) budget: the planned configuration's measured peak (<= budget) and samples/s, against
 // the best configuration of an exhaustive sweep and against the seed's manual recipe (bf16,
-// then accumulation until it fits, then full checkpointing), and the planning time as a share
+// then accumulation until it fits, then full recompute), and the planning time as a share
 // of a 1,000-step run.
 //
 //   build/bin/leantrain_bench_planner [--models gpt12,gpt24,resnet50] [--budgets 1GiB,2GiB,4GiB]
@@ -194,7 +194,7 @@ class Bench {
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
     const std::string dir = lt::files::join(o_.work, "run" + std::to_string(runs_++));
     const std::vector<std::string> sets = {
-        "precision.mode=" + c.precision, "memory.activation_checkpoint=" + c.policy,
+        "precision.mode=" + c.precision, "memory.recompute=" + c.policy,
         "train.micro_batch=" + std::to_string(c.micro), "train.steps=" + std::to_string(o_.warmup + o_.steps),
         "memory.budget=" + std::to_string(budget)};
     Measured m;
@@ -371,7 +371,7 @@ class Bench {
         const Measured* r = find("bf16", "none", m);
         if (r && r->fits && r->peak <= budget) manual = Candidate{"bf16", "none", m}.text(spec.global_batch), manual_sps = r->sps;
       }
-      // Still not at micro-batch 1: full checkpointing at the largest micro-batch that fits.
+      // Still not at micro-batch 1: full recompute at the largest micro-batch that fits.
       for (int64_t m = spec.global_batch; m >= 1 && manual.empty(); m /= 2) {
         const Measured* r = find("bf16", "full", m);
         if (r && r->fits && r->peak <= budget) {

@@ -1,5 +1,5 @@
 // Benchmark: peak activation memory and step time of fp32/bf16 x none/selective/full
-// activation checkpointing, each printed as a ratio to a baseline measured in the same run
+// activation recompute, each printed as a ratio to a baseline measured in the same run
 // (activations: fp32 + none; step time: the same precision with none).
 //
 //   build/bin/leantrain_bench_memory [--model gpt|resnet50|all] [--steps N] [--micro N] [--seq N]
@@ -74,7 +74,7 @@ Row measure(const lt::models::ModelConfig& model_cfg, const std::string& precisi
   cfg.train.weight_decay = 0;  // SGD's decay allocates a parameter-sized temporary (154 MB for GPT's wte)
   cfg.train.grad_clip = 0;
   cfg.precision.mode = precision;
-  cfg.memory.activation_checkpoint = policy;
+  cfg.memory.recompute = policy;
   lt::RuntimeContext ctx;
   ctx.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   lt::comm::LocalCommunicator comm;

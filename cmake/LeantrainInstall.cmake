@@ -31,7 +31,7 @@ install(TARGETS ${_lt_install_targets} EXPORT leantrainTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # Public headers: every library folder's include/ holds include/leantrain/<layer>/.
-foreach(_dir runtime data recompute models comm checkpoint_io trainers report)
+foreach(_dir runtime data recompute models comm checkpoint_io optim trainers report launch)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${_dir}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
           FILES_MATCHING PATTERN "*.h")
 endforeach()

@@ -4,7 +4,7 @@
     bench/peers/run.sh [--scale cpu|full|smoke] [--rows REGEX] ...     (builds, then this)
     .venv/bin/python bench/peers/compare.py --bin build/bin [--scale cpu] ...
 
-For every row (model x ranks x precision x activation checkpointing) both sides train the
+For every row (model x ranks x precision x activation recompute) both sides train the
 same model from the same initial weights on the same samples with the same optimizer,
 schedule, batch layout and threads per rank. At 1 rank the two sides run side by side and take
 turns, one optimizer step each (Note [Taking turns], trainers/include/leantrain/trainers/turns.h),
@@ -64,7 +64,7 @@ RESNET = "resnet50.toml"
 # dropout 0 the final losses must agree closely, and a real difference shows.
 NO_DROPOUT = {"model.dropout": 0.0}
 
-# The issue's rows: 1 and 2 ranks x fp32/bf16 x no/full checkpointing, every model.
+# The issue's rows: 1 and 2 ranks x fp32/bf16 x no/full recompute, every model.
 EVERY_ROW = {"ranks": [1, 2], "precisions": ["fp32", "bf16"], "checkpoints": ["none", "full"],
              "only": lambda m, r, p, c: True, "comm": ["--parts", "a"]}
 
@@ -84,7 +84,7 @@ SCALES: Dict[str, dict] = {
                   "train.min_lr": 0.0, "train.warmup_steps": 1, "data.synthetic_samples": 256,
                   "train.threads": 1},
         "ranks": [1], "precisions": ["fp32", "bf16"], "checkpoints": ["none", "full"],
-        # Every model in fp32; bf16 + full checkpointing once (gpt): each code path runs once.
+        # Every model in fp32; bf16 + full recompute once (gpt): each code path runs once.
         "only": lambda m, r, p, c: (p, c) == ("fp32", "none") or (m, p, c) == ("gpt", "bf16", "full"),
         "comm": ["--layers", "1", "--d-model", "64", "--vocab", "256", "--parts", "a", "--warmup", "1",
                  "--iters", "2"],
@@ -184,7 +184,7 @@ COMMON = {"train.device": "cpu", "log.progress": "none", "checkpoint.every_steps
 # holds only the model; the NaN makes the one step a skipped update.
 EXPORT = {"checkpoint.at_end": True, "train.steps": 1, "train.global_batch": 1, "train.micro_batch": 1, "train.optimizer": "sgd",
           "train.momentum": 0.0, "train.nonfinite": "skip", "precision.mode": "fp32",
-          "memory.activation_checkpoint": "none"}
+          "memory.recompute": "none"}
 
 TARGET_SPS, TARGET_SPS_GPT, TARGET_MEM, TARGET_LOSS = 1.0, 1.1, 1.0, 0.01
 
@@ -260,7 +260,7 @@ class Bench:
                         sets.update(COMMON)
                         if "train.device" in train:
                             sets["train.device"] = train["train.device"]
-                        sets.update({"precision.mode": p, "memory.activation_checkpoint": c})
+                        sets.update({"precision.mode": p, "memory.recompute": c})
                         out.append(dict(label=label, model=m, config=config, model_sets=model_sets,
                                         train=train, ranks=r, precision=p, ckpt=c, sets=sets))
         return out

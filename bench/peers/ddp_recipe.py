@@ -11,7 +11,7 @@ definitions, tools/leantrain_py/reference_models.py), synthetic data (the same s
 the same order on the same rank, tools/leantrain_py/sample_stream.py), AdamW or SGD with leantrain's
 parameter groups (weight decay on tensors with >= 2 dims), warmup + cosine schedule
 (trainers/src/schedule.cpp), gradient clipping, precision (fp32; bf16 autocast; fp16 autocast
-with torch.amp.GradScaler), activation checkpointing ("full": every block through
+with torch.amp.GradScaler), activation recompute ("full": every block through
 torch.utils.checkpoint with use_reentrant=False), global batch = world x micro x accumulation.
 --init is a leantrain checkpoint holding the initial weights (compare.py writes one with
 leantrain at step 0); its parameters are loaded, buffers keep their fresh values.
@@ -147,13 +147,13 @@ def main(argv) -> int:
             cfg = json.load(fh)
         model_cfg, data_cfg, t = cfg["model"], cfg["data"], cfg["train"]
         mode = cfg["precision"]["mode"]
-        policy = cfg["memory"]["activation_checkpoint"]
+        policy = cfg["memory"]["recompute"]
     except (OSError, ValueError, KeyError) as e:
         usage_error(f"--config {args.config}: {e!r}")
     if data_cfg.get("kind") != "synthetic":
         usage_error(f"--config {args.config}: data.kind = {data_cfg.get('kind')!r}; the peer reproduces 'synthetic' only")
     if policy not in ("none", "full"):
-        usage_error(f"--config {args.config}: memory.activation_checkpoint = {policy!r}; the recipe does none or full")
+        usage_error(f"--config {args.config}: memory.recompute = {policy!r}; the recipe does none or full")
     if mode not in ("fp32", "bf16", "fp16"):
         usage_error(f"--config {args.config}: precision.mode = {mode!r}")
 

@@ -2,7 +2,7 @@
 """The peer bench's machinery, end to end on tiny models (CTest: peers_smoke, ~30 s).
 
 Runs `compare.py --scale smoke --repeats 1` (gpt, bert, resnet in fp32 and gpt in bf16 with
-full activation checkpointing; 1 rank; the collective and checkpoint rows at tiny sizes) and
+full activation recompute; 1 rank; the collective and checkpoint rows at tiny sizes) and
 checks what it produced: the markdown table with every row, results.jsonl with the three
 metrics per row (positive numbers) and the two bench rows, and the final losses of the two
 sides within 1% (fp32: within 1e-4 relative: same samples, same initial weights, same

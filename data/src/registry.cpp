@@ -167,14 +167,6 @@ KindRegistry<DataKind>& registry() {
   return *r;
 }
 
-const Bound& builtin_bound(const std::string& kind) {
-  static const Bound fashion = fashion_options(), text = text_options(), synthetic = synthetic_options();
-  if (kind == "fashion_mnist") return fashion;
-  if (kind == "text") return text;
-  if (kind == "synthetic") return synthetic;
-  throw ConfigError("data.kind = \"" + kind + "\": not a built-in kind (fashion_mnist | text | synthetic)");
-}
-
 }  // namespace
 
 void register_data(DataKind kind) {
@@ -210,22 +202,6 @@ Datasets make_datasets(const DataSection& section, const InputContract& model) {
   }
   d.train = first_samples(d.train, s.limit);
   return d;
-}
-
-DataConfig builtin_data_config(const DataSection& section) {
-  const DataSection s = resolve_data(section);
-  DataConfig c = builtin_bound(s.kind).read(s.options);
-  c.kind = s.kind;
-  c.seed = s.seed;
-  return c;
-}
-
-DataSection builtin_data_section(const DataConfig& cfg) {
-  DataSection s;
-  s.kind = cfg.kind;
-  s.seed = cfg.seed;
-  s.options = builtin_bound(cfg.kind).write(cfg);
-  return s;
 }
 
 }  // namespace lt::data

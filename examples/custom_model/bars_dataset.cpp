@@ -4,6 +4,8 @@
 #include <stdexcept>
 
 #include "leantrain/data/sampling.h"
+#include "leantrain/runtime/errors.h"
+#include "leantrain/runtime/options.h"
 
 namespace example {
 
@@ -35,6 +37,34 @@ lt::data::Batch BarsDataset::get(const std::vector<int64_t>& indices, int64_t /*
 std::string BarsDataset::describe() const {
   return "bars: " + std::to_string(size_) + " images 1x" + std::to_string(image_) + "x" + std::to_string(image_) +
          ", 4 orientations";
+}
+
+namespace {
+
+struct BarsOptions {
+  int64_t train_samples = 4096, eval_samples = 512;
+};
+
+}  // namespace
+
+lt::data::DataKind bars_kind() {
+  lt::BoundOptions<BarsOptions> bars;
+  bars.add("train_samples", &BarsOptions::train_samples, "training samples", lt::rules::at_least(1))
+      .add("eval_samples", &BarsOptions::eval_samples, "evaluation samples", lt::rules::at_least(1));
+  lt::data::DataKind kind;
+  kind.name = "bars";
+  kind.doc = "Grey images of a bar in one of four orientations (examples/custom_model/bars_dataset.h).";
+  kind.options = bars.table();
+  kind.make = [bars](const lt::Options& o, uint64_t seed, const lt::InputContract& model) {
+    const auto b = bars.read(o);
+    if (model.input != lt::InputContract::Input::kImages || model.channels != 1 || model.height != model.width ||
+        model.num_classes != 4)
+      throw lt::ConfigError("data.kind = \"bars\" gives images [B,1,S,S] with labels of 4 classes; the model takes " +
+                            model.describe());
+    return lt::data::Datasets{std::make_shared<BarsDataset>(b.train_samples, seed, model.height),
+                              std::make_shared<BarsDataset>(b.eval_samples, seed + 1, model.height)};
+  };
+  return kind;
 }
 
 }  // namespace example

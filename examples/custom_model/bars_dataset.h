@@ -7,6 +7,7 @@
 #include <string>
 
 #include "leantrain/data/dataset.h"
+#include "leantrain/data/registry.h"
 
 namespace example {
 
@@ -23,5 +24,9 @@ class BarsDataset : public lt::data::Dataset {
   uint64_t seed_;
   int64_t image_;
 };
+
+/// The kind: [data] kind = "bars", with train_samples and eval_samples; it serves a model that
+/// takes square grey images with labels of 4 classes, and refuses any other by a config error.
+lt::data::DataKind bars_kind();
 
 }  // namespace example

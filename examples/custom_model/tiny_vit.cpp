@@ -1,5 +1,8 @@
 #include "tiny_vit.h"
 
+#include "leantrain/runtime/errors.h"
+#include "leantrain/runtime/options.h"
+
 namespace example {
 
 EncoderBlockImpl::EncoderBlockImpl(int64_t dim, int64_t heads) : heads_(heads) {
@@ -35,6 +38,41 @@ torch::Tensor TinyVit::forward(const torch::Tensor& images) {
   auto x = patches_->forward(images).flatten(2).transpose(1, 2) + pos_;  // [B, patches, dim]
   for (size_t i = 0; i < blocks().size(); ++i) x = run_block(i, x);     // recomputed per policy
   return head_->forward(ln_->forward(x).mean(1));
+}
+
+namespace {
+
+// tiny_vit's options, bound to TinyVitOptions (whose initializers are the defaults).
+lt::BoundOptions<TinyVitOptions> vit_options() {
+  using O = TinyVitOptions;
+  lt::BoundOptions<O> b;
+  b.add("image", &O::image, "input height = width", lt::rules::at_least(1))
+      .add("patch", &O::patch, "patch side; must divide image", lt::rules::at_least(1))
+      .add("channels", &O::channels, "input channels", lt::rules::at_least(1))
+      .add("classes", &O::classes, "output classes", lt::rules::at_least(2))
+      .add("dim", &O::dim, "width", lt::rules::at_least(1))
+      .add("heads", &O::heads, "attention heads; must divide dim", lt::rules::at_least(1))
+      .add("depth", &O::depth, "encoder blocks", lt::rules::at_least(1));
+  return b;
+}
+
+}  // namespace
+
+lt::models::ModelKind tiny_vit_kind() {
+  const auto vit = vit_options();
+  lt::models::ModelKind kind;
+  kind.name = "tiny_vit";
+  kind.doc = "A small vision transformer (examples/custom_model/tiny_vit.h).";
+  kind.options = vit.table();
+  kind.check = [vit](const lt::Options& o) {
+    const auto v = vit.read(o);
+    if (v.image % v.patch != 0) throw lt::ConfigError("model.patch = " + std::to_string(v.patch) + ": must divide model.image");
+    if (v.dim % v.heads != 0) throw lt::ConfigError("model.heads = " + std::to_string(v.heads) + ": must divide model.dim");
+  };
+  // images [B, channels, image, image] -> labels of `classes` classes
+  kind.contract = [](const lt::Options& o) { return lt::InputContract::images(o, "channels", "image", "classes"); };
+  kind.build = [vit](const lt::Options& o) { return std::make_shared<TinyVit>(vit.read(o)); };
+  return kind;
 }
 
 }  // namespace example

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "leantrain/models/model.h"
+#include "leantrain/models/registry.h"
 
 namespace example {
 
@@ -39,5 +40,10 @@ class TinyVit : public lt::models::Model {
   torch::nn::LayerNorm ln_{nullptr};
   torch::nn::Linear head_{nullptr};
 };
+
+/// The kind that makes it trainable by name: [model] kind = "tiny_vit", its options table
+/// (model.depth = 6 works, model.dpeth = 6 is a config error listing these keys), its input
+/// contract and its factory. main() registers it with lt::models::register_model.
+lt::models::ModelKind tiny_vit_kind();
 
 }  // namespace example

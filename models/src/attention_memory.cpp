@@ -103,7 +103,7 @@ AttentionMemory transformer_attention_memory(const ModelConfig& cfg, bool causal
     case Kind::kEvery: {
       int64_t rerun = 0;
       for (int64_t i = 0; i < m.layers; ++i)
-        rerun += policy.checkpoints_block(static_cast<size_t>(i), static_cast<size_t>(m.layers)) ? 1 : 0;
+        rerun += policy.recomputes_block(static_cast<size_t>(i), static_cast<size_t>(m.layers)) ? 1 : 0;
       // The last block is kept (Note [The last block is not recomputed]); a rerun starts
       // after its backward has let its activations go, so no rerun adds to the kept layers.
       m.kept_layers = m.layers - rerun;

@@ -33,7 +33,7 @@ namespace lt::models {
 // another order than ATen's, so results agree with the unfused ops to rounding (tested against
 // them: Models.FusedBatchNormReluMatchesUnfused), and bitwise with themselves for a given
 // thread count (each thread sums its own rows; the partial sums are added in thread order), so
-// a checkpoint's rerun reproduces its forward. Only float32 channels-last activations are
+// a recomputed unit's rerun reproduces its forward. Only float32 channels-last activations are
 // fused (ResNet's default layout; [rows, C] with C contiguous, so every loop runs along the
 // channels and vectorises); bf16 (autocast), NCHW, evaluation and CUDA run the two ops.
 

@@ -22,7 +22,7 @@ void Model::apply_recompute(const RecomputePolicy& policy) {
     return;
   }
   set_block_runner([policy, count = blocks().size()](size_t i, BlockImpl& block, const torch::Tensor& x) {
-    if (!policy.checkpoints_block(i, count) || !block.is_training()) return block.forward(x);
+    if (!policy.recomputes_block(i, count) || !block.is_training()) return block.forward(x);
     std::vector<torch::Tensor> params = block.parameters();
     return recompute::in_backward([&block](const std::vector<torch::Tensor>& in) { return block.forward(in[0]); }, {x},
                                params, {&block},
@@ -30,6 +30,6 @@ void Model::apply_recompute(const RecomputePolicy& policy) {
   });
 }
 
-void apply_checkpoint_policy(Model& model, const RecomputePolicy& policy) { model.apply_recompute(policy); }
+void apply_recompute_policy(Model& model, const RecomputePolicy& policy) { model.apply_recompute(policy); }
 
 }  // namespace lt::models

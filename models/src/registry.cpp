@@ -229,13 +229,6 @@ AttentionMemory attention_memory(const ModelSection& section, const c10::Device&
   return k.attention_memory ? k.attention_memory(s.options, device, dtype, policy) : AttentionMemory{};
 }
 
-ModelConfig builtin_model_config(const ModelSection& section) {
-  const ModelSection s = resolve_model(section);
-  ModelConfig c = builtin_bound(s.kind).read(s.options);
-  c.kind = s.kind;
-  return c;
-}
-
 ModelSection builtin_model_section(const ModelConfig& cfg) {
   return ModelSection{cfg.kind, builtin_bound(cfg.kind).write(cfg)};
 }

@@ -80,7 +80,7 @@ BasicBlockImpl::BasicBlockImpl(int64_t in, int64_t planes, int64_t stride) {
 }
 
 torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
-  if (!split_checkpoint_ || !is_training() || !torch::GradMode::is_enabled()) {
+  if (!split_recompute_ || !is_training() || !torch::GradMode::is_enabled()) {
     // In place, as torchvision's `out += identity; relu(inplace=True)`: the branch's last
     // BatchNorm saves its input, not its output, and the sum is saved by nothing, so neither
     // needs a tensor of its own (the same values as out of place, bitwise).
@@ -89,7 +89,7 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
     if (y.scalar_type() != shortcut.scalar_type() || y.sizes() != shortcut.sizes()) return torch::relu(y + shortcut);
     return y.add_(shortcut).relu_();
   }
-  // Note [ResNet checkpoint units]: same ops in the same order as above, so bitwise equal.
+  // Note [ResNet recompute units]: same ops in the same order as above, so bitwise equal.
   std::vector<torch::Tensor> params;
   const auto modules = branch_modules();
   for (auto* m : modules) {
@@ -240,29 +240,29 @@ std::string ResNet::compute_note(const c10::Device& device, c10::ScalarType dtyp
                                                          : "");
 }
 
-void ResNet::set_checkpoint_units(ResNetCheckpointUnits units) {
+void ResNet::set_recompute_units(ResNetRecomputeUnits units) {
   size_t end = 0;
   for (auto [b, e] : units.segments) {
-    TORCH_CHECK(b >= end && e > b && e <= blocks().size(), "ResNet checkpoint segment [", b, ", ", e,
+    TORCH_CHECK(b >= end && e > b && e <= blocks().size(), "ResNet recompute segment [", b, ", ", e,
                 ") of ", blocks().size(), " blocks: segments must be sorted, disjoint and non-empty");
     end = e;
   }
-  for (auto& b : blocks()) static_cast<ResidualBlockImpl&>(*b).set_split_checkpoint(false);
+  for (auto& b : blocks()) static_cast<ResidualBlockImpl&>(*b).set_split_recompute(false);
   for (size_t i : units.split) {
-    TORCH_CHECK(i < blocks().size(), "ResNet split checkpoint block ", i, " of ", blocks().size());
+    TORCH_CHECK(i < blocks().size(), "ResNet split recompute block ", i, " of ", blocks().size());
     for (auto [b, e] : units.segments)
       TORCH_CHECK(i < b || i >= e, "ResNet block ", i, " is both split and in segment [", b, ", ", e, ")");
-    static_cast<ResidualBlockImpl&>(*blocks()[i]).set_split_checkpoint(true, units.packed);
+    static_cast<ResidualBlockImpl&>(*blocks()[i]).set_split_recompute(true, units.packed);
   }
   units_ = std::move(units);
 }
 
 namespace {
 
-// Note [ResNet checkpoint units]
-// Whole-block checkpoints leave ResNet-50 at 0.46x of its activations (micro-batch 8, fp32):
-// the 112x112 stem is not checkpointed (~70 MB), and while a block's rerun is differentiated
-// the checkpoint's backward holds the gradient of the block output and the rerun's output
+// Note [ResNet recompute units]
+// Recomputing whole blocks leaves ResNet-50 at 0.46x of its activations (micro-batch 8, fp32):
+// the 112x112 stem is not recomputed (~70 MB), and while a block's rerun is differentiated
+// the unit's backward holds the gradient of the block output and the rerun's output
 // (for a 56x56x256 block, 2 x 25.7 MB) on top of the rerun's own activations. So:
 //  - the stem (conv, BN, ReLU, max-pool) is a unit of its own: only the image is kept;
 //  - a block is split into two units, the residual branch (convs and BNs up to the sum) and
@@ -279,17 +279,17 @@ namespace {
 // Coarser units (segments of several blocks, as torch.utils.checkpoint_sequential) were
 // measured and are worse here: each saves one input less but its rerun holds several blocks'
 // activations while the inputs of all earlier units are still kept (docs/BENCH_PRECISION_MEMORY.md).
-// Nothing is recomputed twice: a unit's rerun runs the plain modules, never another checkpoint.
-// `full` splits every block but the last; `selective` checkpoints the stem and the first stage, whose
+// Nothing is recomputed twice: a unit's rerun runs the plain modules, never another recomputed unit.
+// `full` splits every block but the last; `selective` recomputes the stem and the first stage, whose
 // 56x56 activations are half of the network's for about a fifth of its forward time.
-ResNetCheckpointUnits resnet_units(const ResNet& net, const RecomputePolicy& policy) {
-  ResNetCheckpointUnits u;
+ResNetRecomputeUnits resnet_units(const ResNet& net, const RecomputePolicy& policy) {
+  ResNetRecomputeUnits u;
   const size_t count = net.blocks().size();
   if (policy.kind == RecomputePolicy::Kind::kFull) {
     // The blocks the policy recomputes: all but the last (Note [The last block is not
     // recomputed], recompute.cpp).
     for (size_t i = 0; i < count; ++i)
-      if (policy.checkpoints_block(i, count)) u.split.push_back(i);
+      if (policy.recomputes_block(i, count)) u.split.push_back(i);
   } else if (policy.kind == RecomputePolicy::Kind::kSelective) {
     for (size_t i = 0; i < static_cast<size_t>(net.stage_blocks().front()); ++i) u.split.push_back(i);
   } else {
@@ -305,11 +305,11 @@ ResNetCheckpointUnits resnet_units(const ResNet& net, const RecomputePolicy& pol
 }  // namespace
 
 void ResNet::apply_recompute(const RecomputePolicy& policy) {
-  // full and selective: Note [ResNet checkpoint units]; none and every:K: the default (whole
+  // full and selective: Note [ResNet recompute units]; none and every:K: the default (whole
   // blocks through the block runner).
   auto units = resnet_units(*this, policy);
   const bool own_units = units.stem;
-  set_checkpoint_units(std::move(units));
+  set_recompute_units(std::move(units));
   if (own_units) {
     set_block_runner({});
     return;

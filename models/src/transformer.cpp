@@ -210,7 +210,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t d_ff, std::string appr
 // nodes do (tests/unit/test_feed_forward.cpp, which also runs whole GPT and BERT steps against
 // the plain graph, FeedForwardImpl::recompute_gelu = false). Outside grad mode (a recompute's
 // first forward, eval), with nothing requiring a gradient, or where the matmul would not fold
-// (h not contiguous), the plain expression runs. So it does in a checkpointed block's rerun
+// (h not contiguous), the plain expression runs. So it does in a recomputed block's rerun
 // (recompute::rerunning(): full and every:K): that rerun's graph lives only until its own
 // backward, right after, so keeping g there costs one block's [B,T,F] for a moment, and
 // recomputing it would be a third GELU over [B,T,F] per layer (1.4 % of a GPT-6L fp32 step).
@@ -272,7 +272,7 @@ struct GeluLinear : torch::autograd::Function<GeluLinear> {
 };
 
 // Note [A unit's last product is not rerun]
-// A checkpointed GPT block (memory.recompute = full, every:K) is run twice: forward without a
+// A recomputed GPT block (memory.recompute = full, every:K) is run twice: forward without a
 // graph, then in backward again with one, which backward differentiates at once
 // (recompute::in_backward). That rerun's output is never read: backward needs the tensors the
 // graph saved, not the values at its end, and its last op, h + proj(gelu(fc(ln2(h)))), saves
@@ -282,10 +282,10 @@ struct GeluLinear : torch::autograd::Function<GeluLinear> {
 // backward runs GeluLinear's matmuls (proj_backward: the same ops as autograd's for proj), and
 // whose output is zeros of proj's output dtype and shape instead of the [N,F] x [F,D] product:
 // at d 768 and 1,024 tokens 4.8 of the rerun's 14.5 GFLOP of matmuls, ~17 ms on 2 cores; with
-// the first forward and the backward, 1/12 of a checkpointed layer's. ResNet's units drop their
+// the first forward and the backward, 1/12 of a recomputed layer's. ResNet's units drop their
 // last BatchNorm the same way (Note [A unit's last BatchNorm is not rerun]). BERT's post-LN
 // block ends with a LayerNorm, whose backward reads its input, so it has no such product.
-// The gradients are bitwise the plain rerun's (Checkpoint tests compare checkpointed and plain
+// The gradients are bitwise the plain rerun's (the Recompute tests compare recomputed and plain
 // GPT steps bitwise).
 struct UnreadLinear : torch::autograd::Function<UnreadLinear> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& g, const torch::Tensor& weight,

@@ -28,7 +28,7 @@ namespace lt::recompute {
 // the bf16 rounding autocast's cast backward adds (at least as accurate). On CUDA and on CPUs
 // with AMX-BF16 convolutions stay bf16; `autocast` keeps them bf16 everywhere, `fp32` forces
 // this path (tests). Every ResNet convolution goes through it — the plain blocks, the units'
-// first convolutions and the one that keeps its input packed — so checkpointed runs stay
+// first convolutions and the one that keeps its input packed — so recomputed runs stay
 // bitwise equal to plain ones.
 
 bool conv_products_in_fp32(HeadMatmul choice, c10::DeviceType device) {
@@ -70,7 +70,7 @@ at::Tensor detail::ConvGeometry::forward(const at::Tensor& x, const at::Tensor& 
 // training (evaluation runs ATen's kernels, which the reference comparisons hold bitwise).
 // Every path that runs a ResNet convolution (the plain blocks through OwnConv, the fp32
 // products, the units' first convolutions, the one that keeps its input packed) makes the
-// same choice with the same calls, so checkpointed runs stay bitwise equal to plain ones.
+// same choice with the same calls, so recomputed runs stay bitwise equal to plain ones.
 
 namespace detail {
 

@@ -37,7 +37,7 @@ namespace lt::recompute {
 // cast backward would; grad_weight summed over chunks in fp32, then rounded to that dtype
 // once (the plain path's bf16 matmul rounds it once too). Not under fp16: its
 // gradients here would be computed before the loss scale multiplies them and could underflow
-// (fused_lm_loss_applies). Tested against the plain loss: Checkpoint.FusedLmLossMatchesPlainLoss.
+// (fused_lm_loss_applies). Tested against the plain loss: LmLoss.FusedAndChunkedMatchPlainLoss.
 // Note [Head products in fp32 where bf16 GEMMs are slow]
 // On an x86 CPU without AMX, oneDNN's bf16 GEMM (AVX512-BF16 dot products, or emulated on
 // AVX2) runs below its fp32 GEMM: 139 against 218 GFLOP/s for GPT-2's head product

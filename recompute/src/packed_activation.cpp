@@ -18,9 +18,9 @@
 namespace lt::recompute {
 
 // Note [Packed block inputs]
-// A checkpointed ResNet keeps one tensor per block: its input, the previous block's ReLU
-// output (Note [ResNet checkpoint units]). At ResNet-50's size those inputs alone are
-// 0.26x of the whole un-checkpointed activation memory, so `full` could not reach 0.25x
+// A recomputed ResNet keeps one tensor per block: its input, the previous block's ReLU
+// output (Note [ResNet recompute units]). At ResNet-50's size those inputs alone are
+// 0.26x of the whole plain activation memory, so `full` could not reach 0.25x
 // however small its reruns. ReLU outputs are exactly zero in a third to a half of their
 // elements, so each split block keeps its input as the nonzero values plus one bit per
 // element (pack_tensor) and rebuilds it exactly in the rerun (Note [Packed input kept

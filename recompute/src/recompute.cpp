@@ -18,7 +18,7 @@
 namespace lt::recompute {
 namespace {
 
-// Note [Activation checkpoint recompute]
+// Note [Activation recompute]
 // forward() runs fn with grad disabled (inside a custom Function), so no activation is kept;
 // it saves the inputs, the RNG states of the CPU and every initialised CUDA generator, and
 // the autocast state. backward() restores those, reruns fn with grad enabled on detached
@@ -36,18 +36,18 @@ namespace {
 // expensive part of dropout (one bernoulli_ over [8, 12, 512, 512] attention probabilities
 // takes about as long as a bf16 block's matmuls with AMX), so `selective`, which reruns the
 // attention core, paid for it once more per layer. Instead, lt::recompute::dropout inside a
-// checkpointed function keeps its mask as one bit per element (3 MiB for those probabilities,
-// against 96 MiB for the fp32 mask that un-checkpointed dropout saves) on the checkpoint's
+// recomputed function keeps its mask as one bit per element (3 MiB for those probabilities,
+// against 96 MiB for the fp32 mask that plain dropout saves) on the recomputed function's
 // tape, and the rerun multiplies by the noise those bits describe (1 / (1 - p) where the draw
 // was 1, else 0) in one pass without making it (masked_scale), as torch::dropout multiplies
 // after its draw: the output is bitwise the same. The rerun's backward does the same to the
 // gradient, as the product's backward (grad * noise) does, so the rerun's graph keeps the
 // bits instead of the noise (3 MiB instead of 96 MiB per fp32 attention dropout).
-// Nesting: the masks come from the innermost checkpoint that is replaying, else from the RNG;
-// every recording checkpoint on the stack records them, so a checkpoint that runs inside
-// another's rerun replays what that rerun used. Only the CPU: on CUDA, torch::dropout runs a
+// Nesting: the masks come from the innermost recomputed function that is replaying, else from
+// the RNG; every recording one on the stack records them, so a recomputed function that runs
+// inside another's rerun replays what that rerun used. Only the CPU: on CUDA, torch::dropout runs a
 // fused kernel (native_dropout) with its own draws, and drawing is cheap there.
-// A random op other than lt::recompute::dropout inside a checkpointed function still draws from
+// A random op other than lt::recompute::dropout inside a recomputed function still draws from
 // the restored RNG in the rerun; after a replayed dropout (which draws nothing) it would see
 // another part of the stream, so such functions must not mix the two (none of ours do).
 struct DropoutTape {
@@ -93,7 +93,7 @@ struct Recompute : torch::CustomClassHolder {
   // last BatchNorm is not rerun]; undefined where it was not recorded).
   torch::nn::BatchNorm2dImpl* last_bn = nullptr;
   at::Tensor bn_mean, bn_invstd;
-  // Its parameters are read by other checkpointed functions too: return their gradients
+  // Its parameters are read by other recomputed functions too: return their gradients
   // (Note [Rerun gradients]).
   bool shared_params = false;
   at::Tensor cpu_rng;
@@ -145,14 +145,14 @@ void restore_buffers(const Recompute& rc, const std::vector<at::Tensor>& snapsho
 // Parameters: when the backward that runs this one is a plain backward() (its graph task
 // has no exec_info: it runs every node and accumulates into every leaf), the rerun
 // accumulates into each parameter's .grad as soon as its gradient is computed, as the
-// uncheckpointed graph does, and the checkpoint returns no gradient for them; otherwise
+// plain graph does, and RecomputeFunction returns no gradient for them; otherwise
 // (autograd::grad, backward(inputs=...), or a rerun nested in another rerun) the gradients
 // are captured and returned, so the caller's graph routes them. Returning them held a
 // unit's weight gradients until its whole rerun was differentiated: in ResNet-50's stage 4
 // first block, 13 MiB (conv2's and conv3's) during conv1's backward, which was the peak of
-// `full`. A parameter read by several checkpointed functions (the LM head in
+// `full`. A parameter read by several recomputed functions (the LM head in
 // chunked_lm_loss) is always returned: summed by the caller's graph first, it is added to
-// .grad once, in the order the uncheckpointed graph adds it.
+// .grad once, in the order the plain graph adds it.
 struct GradSink : torch::autograd::Node {
   at::Tensor grad;
   torch::autograd::variable_list apply(torch::autograd::variable_list&& g) override {
@@ -261,7 +261,7 @@ at::Tensor batch_norm_tail(torch::nn::BatchNorm2dImpl& bn, const at::Tensor& x, 
   return BatchNormTail::apply(x, at::TensorList(params), mean, invstd, bn.options.eps())[0];
 }
 
-class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 at::TensorList inputs, at::TensorList params,
@@ -291,7 +291,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     }
     std::vector<at::Tensor> to_save;
     if (rc->pack) {
-      TORCH_CHECK(inputs.size() == 1, "checkpoint: a packed unit has one input");
+      TORCH_CHECK(inputs.size() == 1, "recompute: a packed unit has one input");
       rc->packed = true;
       rc->packed_requires_grad = inputs[0].requires_grad();
     } else {
@@ -313,7 +313,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     const bool packed = rc->packed;
     const size_t first_param = packed ? 0 : rc->n_inputs;  // in `saved`
     if (packed)
-      TORCH_CHECK(rc->pack, "checkpoint: a unit with a packed input was differentiated twice (its input is "
+      TORCH_CHECK(rc->pack, "recompute: a unit with a packed input was differentiated twice (its input is "
                             "released by the first backward)");
     for (size_t i = 0; i < rc->n_inputs; ++i) {
       // A packed input is read only by the unit's first convolution, which unpacks it itself
@@ -352,10 +352,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     at::Tensor out;
     {
       torch::AutoGradMode grad_on(true);
-      // The rerun is an autocast region of its own, as torch.autocast makes it in PyTorch's
-      // checkpoint: leaving it at nesting 0 clears the cast cache, which would otherwise keep
-      // a low-precision copy of the block's weights alive until the next forward ends (the
-      // rerun's graph holds the casts it needs).
+      // The rerun is an autocast region of its own, as torch.autocast makes it in
+      // torch.utils.checkpoint: leaving it at nesting 0 clears the cast cache, which would
+      // otherwise keep a low-precision copy of the block's weights alive until the next
+      // forward ends (the rerun's graph holds the casts it needs).
       const bool autocast = rc->ac_cpu || rc->ac_cuda;
       if (autocast) at::autocast::increment_nesting();
       try {
@@ -369,9 +369,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         if (rc->last_bn)
           out = rc->bn_mean.defined() ? batch_norm_tail(*rc->last_bn, out, rc->bn_mean, rc->bn_invstd)
                                       : rc->last_bn->forward(out);
-        TORCH_CHECK(rc->tape.next == rc->tape.bits.size(), "checkpoint: the rerun applied ", rc->tape.next,
+        TORCH_CHECK(rc->tape.next == rc->tape.bits.size(), "recompute: the rerun applied ", rc->tape.next,
                     " dropout masks, its forward drew ", rc->tape.bits.size(),
-                    " (a checkpointed function must take the same path twice)");
+                    " (a recomputed function must take the same path twice)");
       } catch (...) {
         // An error in the rerun (out of memory under a budget, which the trainer recovers
         // from) leaves the caller's autocast, RNG and buffers as they were.
@@ -408,7 +408,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   }
 };
 
-torch::Tensor apply_checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
+torch::Tensor apply_recompute_function(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                                const std::vector<torch::Tensor>& params,
                                const std::vector<torch::nn::Module*>& buffers_of, std::optional<PackedTensor> pack,
                                bool shared_params = false, const ConvUnit* unit = nullptr,
@@ -426,7 +426,7 @@ torch::Tensor apply_checkpoint(RecomputeFn fn, const std::vector<torch::Tensor>&
   rc->shared_params = shared_params;
   rc->buffers_of = buffers_of;
   rc->pack = std::move(pack);
-  return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(params), rc)[0];
+  return RecomputeFunction::apply(at::TensorList(inputs), at::TensorList(params), rc)[0];
 }
 
 }  // namespace
@@ -441,15 +441,15 @@ double count_batch(torch::nn::BatchNorm2dImpl& bn) {
 torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of,
                          RecomputeFn rerun) {
-  return apply_checkpoint(std::move(fn), inputs, params, buffers_of, std::nullopt, /*shared_params=*/false,
+  return apply_recompute_function(std::move(fn), inputs, params, buffers_of, std::nullopt, /*shared_params=*/false,
                           /*unit=*/nullptr, std::move(rerun));
 }
 
 torch::Tensor in_backward(const ConvUnit& unit, const torch::Tensor& x, const PackedTensor& packed,
                          const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of) {
-  TORCH_CHECK(unit.first && unit.last && unit.middle, "checkpoint: a ConvUnit needs its first convolution, its "
+  TORCH_CHECK(unit.first && unit.last && unit.middle, "recompute: a ConvUnit needs its first convolution, its "
                                                       "middle and its last BatchNorm");
-  return apply_checkpoint(unit.middle, {x}, params, buffers_of, packed, /*shared_params=*/false, &unit);
+  return apply_recompute_function(unit.middle, {x}, params, buffers_of, packed, /*shared_params=*/false, &unit);
 }
 
 bool rerunning() {
@@ -471,7 +471,7 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool train) {
       if (!t->replay) t->bits.push_back(bits);
   };
   if (source) {
-    TORCH_CHECK(source->next < source->bits.size(), "checkpoint: the rerun applies more dropout masks than its "
+    TORCH_CHECK(source->next < source->bits.size(), "recompute: the rerun applies more dropout masks than its "
                 "forward drew (", source->bits.size(), ")");
     const auto bits = source->bits[source->next++];
     record(bits);
@@ -501,10 +501,10 @@ torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inpu
 }
 
 // Note [Chunked LM loss]
-// With every block checkpointed, what remains of a language model's activations is its
+// With every block recomputed, what remains of a language model's activations is its
 // head: [B,T,V] logits and cross-entropy's log-softmax of them, in fp32 — for GPT-2 at
-// B=8, T=512 that is 1.6 GB, more than all checkpointed block inputs together. Splitting
-// the tokens into chunks, each chunk's head + summed cross-entropy under checkpoint(),
+// B=8, T=512 that is 1.6 GB, more than all recomputed blocks' inputs together. Splitting
+// the tokens into chunks, each chunk's head + summed cross-entropy recomputed in backward,
 // keeps one chunk's logits alive at a time in forward and in backward, for the cost of
 // recomputing the head matmul once.
 torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& target,
@@ -519,7 +519,7 @@ torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& 
   for (int64_t start = 0; start < n; start += chunk_tokens) {
     const int64_t len = std::min(chunk_tokens, n - start);
     auto tc = t.narrow(0, start, len);
-    auto part = apply_checkpoint(
+    auto part = apply_recompute_function(
         [head, tc](const std::vector<torch::Tensor>& in) {
           return torch::nn::functional::cross_entropy(
               head(in[0]).to(torch::kFloat), tc,
@@ -543,7 +543,7 @@ RecomputePolicy RecomputePolicy::parse(const std::string& text) {
     p.kind = Kind::kEvery;
     p.every = std::stoll(text.substr(6));
   } else {
-    throw ConfigError("memory.recompute (or memory.activation_checkpoint) = '" + text +
+    throw ConfigError("memory.recompute = '" + text +
                       "': allowed: none | full | every:K | selective (auto is resolved by the planner: "
                       "train --auto --memory-budget SIZE, or the --set lines of leantrain plan)");
   }
@@ -551,17 +551,17 @@ RecomputePolicy RecomputePolicy::parse(const std::string& text) {
 }
 
 // Note [The last block is not recomputed]
-// Backward starts with the last block: a checkpoint there would drop its activations at the
+// Backward starts with the last block: recomputing it would drop its activations at the
 // end of forward only to rebuild them at once, after the head's backward — one block's
 // forward spent for nothing, since the peak that recompute lowers is where one block's
-// activations are held on top of every checkpoint's input, which that rerun reaches anyway.
+// activations are held on top of every recomputed unit's input, which that rerun reaches anyway.
 // So `full` and `every:K` keep the last block (as torch.utils.checkpoint_sequential runs its
 // last segment plainly): GPT-2 6 layers saves a sixth of the blocks' recompute (~2 % of a
 // step); ResNet's units (resnet.cpp) do the same. The held activations then overlap the
 // head's forward and backward instead of following them: under the fused LM loss that is
 // its chunk's transients (~3 x 64 MiB), within what the rerun held next to the head's
 // gradients before. A model of one block recomputes nothing under `full`.
-bool RecomputePolicy::checkpoints_block(size_t index, size_t count) const {
+bool RecomputePolicy::recomputes_block(size_t index, size_t count) const {
   if (index + 1 >= count) return false;
   switch (kind) {
     case Kind::kNone: return false;

@@ -414,7 +414,7 @@ std::string summary_html(const RunData& d, const std::optional<nlohmann::json>& 
   if (cfg) {
     rows.push_back({"model", escape(model_text(cfg))});
     rows.push_back({"precision", escape(config_text(cfg, "precision", "mode"))});
-    rows.push_back({"activation checkpointing", escape(config_text(cfg, "memory", "activation_checkpoint"))});
+    rows.push_back({"activation recompute", escape(config_text(cfg, "memory", "recompute"))});
     const double every = config_number(cfg, "checkpoint", "every_steps");
     rows.push_back({"checkpoint policy", escape((every > 0 ? "every " + detail::sig(every, 12) + " steps" : "at the end") +
                                                 std::string(", keep last ") +
@@ -481,7 +481,7 @@ std::string summary_html(const RunData& d, const std::optional<nlohmann::json>& 
     auto g = [&](const char* k) { return p.contains(k) ? (p[k].is_string() ? p[k].get<std::string>() : p[k].dump()) : ""; };
     auto b = [&](const char* k) { return p.contains(k) && p[k].is_number() ? detail::bytes(p[k].get<double>()) : "—"; };
     auto n = [&](const char* k) { return p.contains(k) && p[k].is_number() ? detail::sig(p[k].get<double>(), 4) : "—"; };
-    rows.push_back({"plan", escape(g("precision") + ", activation checkpointing " + g("activation_checkpoint") +
+    rows.push_back({"plan", escape(g("precision") + ", activation recompute " + g("recompute") +
                                    ", micro-batch " + g("micro_batch") + " × " + g("accumulation") + " (budget " +
                                    b("budget_bytes") + "; peak predicted " + b("predicted_peak_bytes") +
                                    ", measured " + b("measured_peak_bytes") + "; samples/s predicted " +

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <variant>
 
@@ -23,8 +24,9 @@ using FieldRef = std::variant<int64_t*, uint64_t*, double*, std::string*, bool*,
 struct Field {
   std::string section, key;
   FieldRef ref;
-  // Another spelling of a field listed before it under its own key: read, never written
-  // (config_to_json writes the field once, under that key).
+  // A deprecated spelling of a field listed before it under its own key: read (with a line in
+  // Config::warnings), never written (config_to_json writes the field once, under that key)
+  // and not offered in the unknown-key messages' lists.
   bool alias = false;
 };
 
@@ -58,8 +60,8 @@ std::vector<Field> fields_of(Config& c) {
       {"precision", "growth_interval", &p.growth_interval},
       {"precision", "head_matmul", &p.head_matmul},
       {"precision", "conv_products", &p.conv_products},
-      {"memory", "activation_checkpoint", &mem.activation_checkpoint},
-      {"memory", "recompute", &mem.activation_checkpoint, /*alias=*/true},  // the preferred spelling
+      {"memory", "recompute", &mem.recompute},
+      {"memory", "activation_checkpoint", &mem.recompute, /*alias=*/true},  // the deprecated spelling
       {"memory", "budget", &mem.budget},
       {"memory", "shard", &mem.shard}, {"memory", "optimizer_state", &mem.optimizer_state},
       {"memory", "grad_accum_dtype", &mem.grad_accum_dtype},
@@ -167,7 +169,7 @@ OptionValue option_of(const toml::node& n, const std::string& name, const std::s
 std::string known_keys(const std::vector<Field>& fs, const std::string& section) {
   std::string out;
   for (const auto& f : fs)
-    if (f.section == section) out += (out.empty() ? "" : ", ") + f.key;
+    if (f.section == section && !f.alias) out += (out.empty() ? "" : ", ") + f.key;
   return out;
 }
 
@@ -187,32 +189,49 @@ const Field* find_field(const std::vector<Field>& fs, const std::string& section
 
 nlohmann::json to_json(const Field& f);
 
+const void* target_of(const Field& f) {
+  return std::visit([](auto* p) { return static_cast<const void*>(p); }, f.ref);
+}
+
 // Within one source (the file, or the --set list), the spellings of one field must agree:
 // memory.recompute = "full" beside memory.activation_checkpoint = "none" is refused, naming
-// both. A later source overrides an earlier one whatever the spelling.
+// both. A later source overrides an earlier one whatever the spelling. A deprecated spelling
+// adds one line per source to `warnings`.
 class Spellings {
  public:
-  explicit Spellings(std::string where) : where_(std::move(where)) {}
+  Spellings(std::string source, const std::vector<Field>& fs, std::vector<std::string>& warnings)
+      : source_(std::move(source)), fs_(fs), warnings_(warnings) {}
   // Called after f was assigned.
   void assigned(const Field& f) {
-    const auto target = std::visit([](auto* p) { return static_cast<const void*>(p); }, f.ref);
+    const auto target = target_of(f);
     const std::string name = f.section + "." + f.key;
     auto value = to_json(f);
     auto it = seen_.find(target);
     if (it != seen_.end() && it->second.first != name && it->second.second != value)
-      throw ConfigError(where_ + it->second.first + " = " + it->second.second.dump() + " and " + name + " = " +
-                        value.dump() + " are two spellings of one setting with different values; give one");
+      throw ConfigError(source_ + ": " + it->second.first + " = " + it->second.second.dump() + " and " + name +
+                        " = " + value.dump() + " are two spellings of one setting with different values; give one");
     seen_[target] = {name, std::move(value)};
+    if (f.alias && warned_.insert(name).second) {
+      for (const auto& g : fs_)
+        if (!g.alias && target_of(g) == target) {
+          warnings_.push_back(source_ + ": " + name + " is deprecated; write " + g.section + "." + g.key +
+                              " (same values)");
+          break;
+        }
+    }
   }
 
  private:
-  std::string where_;
+  std::string source_;
+  const std::vector<Field>& fs_;
+  std::vector<std::string>& warnings_;
   std::map<const void*, std::pair<std::string, nlohmann::json>> seen_;
+  std::set<std::string> warned_;
 };
 
 void apply_table(const toml::table& root, std::vector<Field>& fs, Config& cfg, const std::string& src) {
   const std::string where = src + ": ";
-  Spellings spellings(where);
+  Spellings spellings(src, fs, cfg.warnings);
   for (const auto& [sec_key, sec_node] : root) {
     const std::string section(sec_key.str());
     if (known_keys(fs, section).empty())
@@ -310,7 +329,7 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
                       ": TOML syntax error: " + std::string(e.description()));
   }
   apply_table(root, fs, cfg, source_name);
-  Spellings spellings("--set: ");
+  Spellings spellings("--set", fs, cfg.warnings);
   for (const auto& kv : overrides) apply_override(kv, fs, cfg, spellings);
   return cfg;
 }

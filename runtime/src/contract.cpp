@@ -1,15 +1,34 @@
 // InputContract's description.
 #include "leantrain/runtime/contract.h"
 
+#include "leantrain/runtime/options.h"
+
 namespace lt {
 
-const char* target_name(InputContract::Target t) {
-  switch (t) {
-    case InputContract::Target::kClassLabels: return "classify";
-    case InputContract::Target::kNextToken: return "causal_lm";
-    case InputContract::Target::kMaskedTokens: return "masked_lm";
-  }
-  return "unknown";
+InputContract InputContract::images(const Options& model, const std::string& channels_key,
+                                    const std::string& size_key, const std::string& classes_key) {
+  InputContract c;
+  c.input = Input::kImages;
+  c.target = Target::kClassLabels;
+  c.channels = model.integer(channels_key);
+  c.height = c.width = model.integer(size_key);
+  c.num_classes = model.integer(classes_key);
+  c.channels_key = "model." + channels_key;
+  c.size_key = "model." + size_key;
+  c.num_classes_key = "model." + classes_key;
+  return c;
+}
+
+InputContract InputContract::tokens(const Options& model, const std::string& seq_len_key,
+                                    const std::string& vocab_size_key, Target target) {
+  InputContract c;
+  c.input = Input::kTokens;
+  c.target = target;
+  c.seq_len = model.integer(seq_len_key);
+  c.vocab_size = model.integer(vocab_size_key);
+  c.seq_len_key = "model." + seq_len_key;
+  c.vocab_size_key = "model." + vocab_size_key;
+  return c;
 }
 
 std::string InputContract::describe() const {

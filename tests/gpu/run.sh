@@ -2,7 +2,7 @@
 # The checks that need a GPU, in one call (tests/gpu/README.md): builds leantrain against the
 # PyTorch found on the machine, then runs the NCCL world-of-one tests (tests/unit/test_nccl.cpp),
 # short CUDA training runs in fp32, bf16 and fp16 (GPT; and a bf16 ResNet under full and a GPT
-# under selective checkpointing) (loss decreases, loss_scale and CUDA
+# under selective recompute) (loss decreases, loss_scale and CUDA
 # peak_mem_bytes in metrics.jsonl) and prints a summary table last.
 #
 #   bash tests/gpu/run.sh                    # on the GPU machine: everything
@@ -227,12 +227,12 @@ train cuda-fp16 fp16
 # The same through the NCCL backend in a world of one: parameter broadcasts and the
 # loss scaler's found-inf all-reduce go over NCCL.
 train cuda-fp16-nccl fp16 comm.backend=nccl
-# A channels-last bottleneck ResNet under `full` checkpointing: the CUDA paths of packed block
+# A channels-last bottleneck ResNet under `full` recompute: the CUDA paths of packed block
 # inputs and mask_relu (Note [Packed block inputs]); and GPT under `selective`, whose
 # dropout draws again on CUDA (Note [Dropout masks kept as bits] is CPU-only).
-TRAIN_CONFIG=fashion_mnist_resnet.toml train cuda-resnet-bf16-full bf16 memory.activation_checkpoint=full \
+TRAIN_CONFIG=fashion_mnist_resnet.toml train cuda-resnet-bf16-full bf16 memory.recompute=full \
   model.stem=imagenet model.block=bottleneck "model.layers=[1,2]" model.width=16 data.synthetic_samples=256
-train cuda-bf16-selective bf16 memory.activation_checkpoint=selective
+train cuda-bf16-selective bf16 memory.recompute=selective
 # 8-bit AdamW moments on CUDA: the ATen path of the block-wise quantisation (docs/SHARDING.md;
 # the CPU runs a kernel of its own). One GPU cannot host two NCCL ranks, so the sharded
 # collectives' CUDA path (ncclReduceScatter / ncclAllGather) is not run here.

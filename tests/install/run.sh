@@ -15,7 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/build_against_install.sh"
 build_against_install "$1" "$2" "$(cd "$2" && pwd)/tests/install/consumer" install_consumer "${@:3}"
 t0=$(($(date +%s) - t_install - t_build))
 cfg=$(find "$prefix" -name leantrainConfig.cmake | head -1)
-for h in runtime/config.h models/model.h comm/communicator.h checkpoint_io/checkpoint.h trainers/trainer.h; do
+for h in runtime/config.h models/model.h comm/communicator.h checkpoint_io/checkpoint.h optim/optimizer.h trainers/trainer.h; do
   [[ -f $prefix/include/leantrain/$h ]] || fail "header include/leantrain/$h not installed"
 done
 echo "installed: $(find "$prefix" -type f | wc -l) files, config ${cfg#"$prefix/"}"

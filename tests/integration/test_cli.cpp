@@ -84,8 +84,7 @@ TEST_F(Cli, MissingDataPathExitsTwo) {
 
 TEST_F(Cli, UnavailableFeaturesAreConfigErrorsNotCrashes) {
   // "auto" is resolved by the memory planner (train --auto); a plain run cannot take it.
-  expect_config_error("train --config " + demo() + " --set memory.activation_checkpoint=auto",
-                      "memory.activation_checkpoint");
+  expect_config_error("train --config " + demo() + " --set memory.recompute=auto", "memory.recompute = 'auto'");
 }
 
 TEST_F(Cli, TrainsAndWritesMetrics) {

@@ -175,9 +175,9 @@ TEST_F(Memory, PeakNeverExceedsASufficientBudgetAndTheFlagOverridesTheConfig) {
 TEST_F(Memory, OomBackoffKeepsTheSampleSequenceAndMatchesTheSmallerMicroBatch) { check_backoff(""); }
 
 // The same through bf16 autocast and full recompute: the error may come from a block's rerun
-// inside backward (Checkpoint.RerunClearsTheCastCacheAndAFailedRerunRestoresTheCallersState).
+// inside backward (Recompute.RerunClearsTheCastCacheAndAFailedRerunRestoresTheCallersState).
 TEST_F(Memory, OomBackoffUnderBf16AndFullRecomputeMatchesTheSmallerMicroBatch) {
-  check_backoff("--set precision.mode=bf16 --set memory.activation_checkpoint=full ");
+  check_backoff("--set precision.mode=bf16 --set memory.recompute=full ");
 }
 
 // Far below the peak: the back-off goes 8 -> 4 -> 2 -> 1, and micro-batch 1 that still does

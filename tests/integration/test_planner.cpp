@@ -1,5 +1,5 @@
 // `leantrain plan` and `train --auto` end to end (docs/PLANNER.md): the planner measures
-// precision x activation checkpointing x micro-batch under the budget, and its choice, used
+// precision x activation recompute x micro-batch under the budget, and its choice, used
 // for a real run, never exceeds the budget. Budgets come from peaks the test measures.
 #include <chrono>
 #include <map>
@@ -96,7 +96,7 @@ TEST_F(Planner, ChosenPlanKeepsA30StepRunUnderTheBudget) {
   // predicted faster. Six micro-batches (1..32) a pair, at most four probes.
   std::map<std::string, std::vector<nlohmann::json>> pairs;
   for (const auto& row : plan["candidates"])
-    pairs[row["precision"].get<std::string>() + "/" + row["activation_checkpoint"].get<std::string>()].push_back(row);
+    pairs[row["precision"].get<std::string>() + "/" + row["recompute"].get<std::string>()].push_back(row);
   int skipped = 0;
   for (const auto& [pair, rows] : pairs) {
     ASSERT_EQ(rows.size(), 6u) << pair;
@@ -162,9 +162,9 @@ TEST_F(Planner, OneRankWithoutAccumulationIsProbedAsItTrains) {
   int rows = 0, dominated_rows = 0;
   for (const auto& row : plan["candidates"]) {
     if (row["precision"] != "fp32") continue;
-    const std::string what = row["activation_checkpoint"].get<std::string>() + " micro " + row["micro_batch"].dump();
-    if (row["activation_checkpoint"] != "none") {
-      // Note [Recomputation is dominated]: none fits at the whole batch, so the checkpointing
+    const std::string what = row["recompute"].get<std::string>() + " micro " + row["micro_batch"].dump();
+    if (row["recompute"] != "none") {
+      // Note [Recomputation is dominated]: none fits at the whole batch, so the recompute
       // policies of fp32 are not probed at all.
       ++dominated_rows;
       EXPECT_TRUE(row["skipped"].get<bool>()) << what;
@@ -188,7 +188,7 @@ TEST_F(Planner, OneRankWithoutAccumulationIsProbedAsItTrains) {
   EXPECT_EQ(dominated_rows, 8);  // selective and full x micro-batches 1, 2, 4, 8
   int dominated_fits = 0;  // of fp32 (bf16's none fits the whole batch too: the same holds there)
   for (const auto& f : plan["fits"]) {
-    const bool expect = f["activation_checkpoint"] != "none";
+    const bool expect = f["recompute"] != "none";
     EXPECT_EQ(f["dominated"].get<bool>(), expect) << f.dump();
     if (expect) EXPECT_EQ(f["points"].get<int>(), 0) << f.dump();
     if (f["precision"] == "fp32") dominated_fits += f["dominated"].get<bool>() ? 1 : 0;
@@ -215,7 +215,7 @@ TEST_F(Planner, TrainAutoPlansThenTrainsWithTheChoiceUnderTheBudget) {
   }
   const auto cfg = nlohmann::json::parse(slurp(out / "config.json"));
   EXPECT_EQ(cfg["precision"]["mode"], plan[0]["precision"]);
-  EXPECT_EQ(cfg["memory"]["activation_checkpoint"], plan[0]["activation_checkpoint"]);
+  EXPECT_EQ(cfg["memory"]["recompute"], plan[0]["recompute"]);
 }
 
 // Under mpirun rank 0 plans for both ranks and broadcasts the choice: one table, one layout
@@ -283,7 +283,7 @@ TEST_F(Planner, ASlowPrecisionIsListedAsSlowAndNotProbed) {
     if (f["precision"] != "bf16") continue;
     EXPECT_TRUE(f["slow"].get<bool>()) << f.dump();
     EXPECT_EQ(f["points"].get<int>(), 0);
-    if (f["activation_checkpoint"] == "none") {
+    if (f["recompute"] == "none") {
       EXPECT_GE(f["warmup_forward_s"].get<double>(), 0.6);  // the one forward that was run
       EXPECT_GT(f["warmup_forward_s"].get<double>(), 4 * fp32_warmup);
     } else {
@@ -343,7 +343,7 @@ TEST_F(Planner, TheAttentionTermPrunesPlainAndSdpaFitsALargerMicroBatch) {
   int pruned = 0;
   for (const auto& r : pp["candidates"]) {
     const std::string what = r.dump();
-    const std::string prec = r["precision"], policy = r["activation_checkpoint"];
+    const std::string prec = r["precision"], policy = r["recompute"];
     const int64_t e = prec == "fp32" ? 4 : 2, m = r["micro_batch"].get<int64_t>();
     // The term: none keeps both layers' probabilities, a recompute policy one layer's rerun.
     const int64_t term = (policy == "none" ? 2 : 1) * scores * e;
@@ -377,11 +377,11 @@ TEST_F(Planner, TheAttentionTermPrunesPlainAndSdpaFitsALargerMicroBatch) {
     EXPECT_EQ(r["attention_bytes_per_sample"].get<int64_t>(), 0) << r.dump();
     EXPECT_EQ(r["floor_peak_bytes"].get<int64_t>(), -1) << r.dump();
     EXPECT_FALSE(r["attention_pruned"].get<bool>()) << r.dump();
-    if (r["precision"] == "fp32" && r["activation_checkpoint"] == "none") none32[r["micro_batch"].get<int64_t>()] = r;
+    if (r["precision"] == "fp32" && r["recompute"] == "none") none32[r["micro_batch"].get<int64_t>()] = r;
   }
   int same = 0;
   for (const auto& r : ps["candidates"]) {
-    if (r["precision"] != "fp32" || r["activation_checkpoint"] != "selective") continue;
+    if (r["precision"] != "fp32" || r["recompute"] != "selective") continue;
     ++same;
     EXPECT_EQ(r["same_as"], "none");
     EXPECT_FALSE(r["probed"].get<bool>());
@@ -394,7 +394,7 @@ TEST_F(Planner, TheAttentionTermPrunesPlainAndSdpaFitsALargerMicroBatch) {
   for (const auto& f : ps["fits"]) {
     if (f["precision"] != "fp32") continue;
     EXPECT_EQ(f["attention_core"], "sdpa: flash attention");
-    if (f["activation_checkpoint"] == "selective") {
+    if (f["recompute"] == "selective") {
       EXPECT_EQ(f["same_as"], "none");
       EXPECT_EQ(f["points"], 0);
     }

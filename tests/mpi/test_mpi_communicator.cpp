@@ -43,7 +43,7 @@ namespace {
 // well inside ctest's TIMEOUT.
 constexpr double kDeadlineS = 30;
 
-// The communicator as launch/src/main.cpp makes it: the launcher's world, a CPU run.
+// The communicator as launch/src/commands.cpp makes it: the launcher's world, a CPU run.
 std::unique_ptr<lt::comm::Communicator> make_comm(const std::string& backend = "mpi") {
   lt::CommConfig cfg;
   cfg.backend = backend;

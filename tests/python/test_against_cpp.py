@@ -85,7 +85,7 @@ def train(binary, out, config, sets):
 
 
 def eval_loss(model, batches):
-    """trainer.cpp evaluate(): per batch the summed fp32 cross-entropy, accumulated in double."""
+    """Trainer::evaluate() (trainer_outputs.cpp): per batch the summed fp32 cross-entropy, accumulated in double."""
     loss = count = correct = 0.0
     with torch.no_grad():
         for x, y in batches:

@@ -286,7 +286,7 @@ int64_t activation_peak(const lt::models::ModelConfig& c, const std::string& pol
   torch::manual_seed(1);
   auto model = lt::models::build_model(c);
   model->train();
-  lt::models::apply_checkpoint_policy(*model, lt::models::RecomputePolicy::parse(policy));
+  lt::models::apply_recompute_policy(*model, lt::models::RecomputePolicy::parse(policy));
   auto x = torch::randint(0, c.vocab_size, {4, c.seq_len}), y = torch::randint(0, c.vocab_size, {4, c.seq_len});
   lt::MemoryMeter meter(-1);
   meter.reset_peak();

@@ -278,9 +278,9 @@ TEST(GradientSyncOverlap, MatchesNonOverlappedBitwiseAndEarlierMicroBatchesAreSi
 }
 
 // GPT's tied embedding/head (one parameter used twice, in the chunked loss too) under full
-// activation checkpointing, where backward re-enters: every hook fires once (a second
+// activation recompute, where backward re-enters: every hook fires once (a second
 // firing throws), buckets start inside backward, and the sums match the non-overlapped path.
-TEST(GradientSyncOverlap, TiedEmbeddingUnderActivationCheckpointing) {
+TEST(GradientSyncOverlap, TiedEmbeddingUnderActivationRecompute) {
   lt::models::ModelConfig cfg;
   cfg.kind = "gpt";
   cfg.vocab_size = 96;
@@ -293,8 +293,8 @@ TEST(GradientSyncOverlap, TiedEmbeddingUnderActivationCheckpointing) {
     torch::manual_seed(3);
     model = lt::models::build_model(cfg);
     model->train();
-    lt::models::apply_checkpoint_policy(*model, lt::models::CheckpointPolicy::parse("full"));
-    model->set_loss_chunk_tokens(16);  // 4 x 16 tokens: four checkpointed head chunks
+    lt::models::apply_recompute_policy(*model, lt::models::RecomputePolicy::parse("full"));
+    model->set_loss_chunk_tokens(16);  // 4 x 16 tokens: four recomputed head chunks
     auto params = model->parameters();
     holder = std::make_unique<lt::comm::GradientSync>(params, 8.0 / 1024, 16.0 / 1024, overlap);
     out_sync = holder.get();

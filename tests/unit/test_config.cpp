@@ -145,7 +145,7 @@ TEST(ConfigValidate, KeysOfOtherComponentsAreLeftToThem) {
   c.model.kind = "no-such-kind";               // the model registry
   c.model.options.set("d_model", int64_t{100});
   c.model.options.set("n_head", int64_t{3});  // the kind's table and check
-  c.memory.activation_checkpoint = "every:0";  // models::RecomputePolicy::parse
+  c.memory.recompute = "every:0";              // models::RecomputePolicy::parse
   c.data.options.set("eval_fraction", 7.0);    // the data kind's table
   c.data.options.set("mask_prob", std::string("x"));
   c.comm.backend = "carrier-pigeon";           // comm::choose_backend
@@ -194,33 +194,53 @@ TEST(ParseBytes, BudgetTakesAStringSizeOrAPlainByteCount) {
                   "memory.budget: expected a string");
 }
 
-// memory.recompute is the preferred spelling of memory.activation_checkpoint: either fills
-// the one field; both with different values in one source (the file, or the --set list) are
-// refused naming both keys; --set overrides the file whatever the spelling; config.json
-// writes the field once, as activation_checkpoint.
-TEST(ConfigParse, RecomputeIsAnAliasOfActivationCheckpoint) {
-  EXPECT_EQ(lt::parse_config("[memory]\nrecompute = \"selective\"\n", "t").memory.activation_checkpoint, "selective");
-  EXPECT_EQ(lt::parse_config("[memory]\nactivation_checkpoint = \"full\"\n", "t").memory.activation_checkpoint,
-            "full");
-  EXPECT_EQ(lt::parse_config("", "t", {"memory.recompute=every:2"}).memory.activation_checkpoint, "every:2");
+// memory.activation_checkpoint is the deprecated spelling of memory.recompute: either fills
+// the one field; --set overrides the file whatever the spelling; config.json writes the field
+// once, as recompute; the unknown-key messages offer only recompute.
+TEST(ConfigParse, ActivationCheckpointIsADeprecatedAliasOfRecompute) {
+  EXPECT_EQ(lt::parse_config("[memory]\nrecompute = \"selective\"\n", "t").memory.recompute, "selective");
+  EXPECT_EQ(lt::parse_config("[memory]\nactivation_checkpoint = \"full\"\n", "t").memory.recompute, "full");
+  EXPECT_EQ(lt::parse_config("", "t", {"memory.recompute=every:2"}).memory.recompute, "every:2");
+  EXPECT_EQ(lt::parse_config("", "t", {"memory.activation_checkpoint=every:3"}).memory.recompute, "every:3");
   // The same value under both spellings is no conflict.
   EXPECT_EQ(lt::parse_config("[memory]\nrecompute = \"full\"\nactivation_checkpoint = \"full\"\n", "t")
-                .memory.activation_checkpoint,
+                .memory.recompute,
             "full");
   // --set overrides the file, in either spelling.
   EXPECT_EQ(lt::parse_config("[memory]\nrecompute = \"selective\"\n", "t", {"memory.activation_checkpoint=full"})
-                .memory.activation_checkpoint,
+                .memory.recompute,
             "full");
   EXPECT_EQ(lt::parse_config("[memory]\nactivation_checkpoint = \"selective\"\n", "t", {"memory.recompute=none"})
-                .memory.activation_checkpoint,
+                .memory.recompute,
             "none");
-  auto j = lt::config_to_json(lt::parse_config("[memory]\nrecompute = \"selective\"\n", "t"));
-  EXPECT_CONTAINS(j, "\"activation_checkpoint\":\"selective\"");
-  EXPECT_EQ(j.find("\"recompute\""), std::string::npos) << j;
-  // Unknown-key messages list the new spelling.
-  EXPECT_CONTAINS(config_error([] { lt::parse_config("[memory]\nrecomp = \"full\"\n", "t"); }), "recompute");
+  const auto j = nlohmann::json::parse(
+      lt::config_to_json(lt::parse_config("[memory]\nactivation_checkpoint = \"selective\"\n", "t")));
+  EXPECT_EQ(j["memory"]["recompute"], "selective") << j.dump();
+  EXPECT_FALSE(j["memory"].contains("activation_checkpoint")) << j.dump();
+  EXPECT_FALSE(j.contains("warnings")) << j.dump();
+  const auto unknown = config_error([] { lt::parse_config("[memory]\nrecomp = \"full\"\n", "t"); });
+  EXPECT_CONTAINS(unknown, "recompute");
+  EXPECT_EQ(unknown.find("activation_checkpoint"), std::string::npos) << unknown;
 }
 
+// The deprecated spelling adds one line to Config::warnings per source that uses it (the
+// file, by its name, or --set), naming both spellings; the new one adds none.
+TEST(ConfigParse, ActivationCheckpointAddsADeprecationWarning) {
+  EXPECT_TRUE(lt::parse_config("[memory]\nrecompute = \"full\"\n", "t.toml", {"memory.recompute=none"})
+                  .warnings.empty());
+  auto c = lt::parse_config("[memory]\nactivation_checkpoint = \"full\"\n", "t.toml");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_EQ(c.warnings[0], "t.toml: memory.activation_checkpoint is deprecated; write memory.recompute (same values)");
+  c = lt::parse_config("[memory]\nactivation_checkpoint = \"full\"\n", "t.toml",
+                       {"memory.activation_checkpoint=none", "memory.activation_checkpoint=selective"});
+  ASSERT_EQ(c.warnings.size(), 2u);
+  EXPECT_EQ(c.warnings[0].rfind("t.toml: memory.activation_checkpoint is deprecated", 0), 0u) << c.warnings[0];
+  EXPECT_EQ(c.warnings[1], "--set: memory.activation_checkpoint is deprecated; write memory.recompute (same values)");
+  EXPECT_EQ(c.memory.recompute, "selective");
+}
+
+// Both spellings with different values in one source (the file, or the --set list) are
+// refused, naming both keys and the source.
 TEST(ConfigParse, RecomputeAndActivationCheckpointWithDifferentValuesAreAConflict) {
   auto msg = config_error(
       [] { lt::parse_config("[memory]\nactivation_checkpoint = \"full\"\nrecompute = \"selective\"\n", "t.toml"); });

@@ -340,7 +340,7 @@ Step model_step(const lt::models::ModelConfig& c, const std::string& policy, boo
     for (auto& p : model->parameters())
       if (p.dim() == 1) p.add_(torch::randn_like(p), 0.1);
   }
-  lt::models::apply_checkpoint_policy(*model, lt::recompute::RecomputePolicy::parse(policy));
+  lt::models::apply_recompute_policy(*model, lt::recompute::RecomputePolicy::parse(policy));
   for (auto& m : model->modules())
     if (auto* ff = dynamic_cast<FeedForwardImpl*>(m.get())) ff->recompute_gelu = recompute_gelu;
   torch::manual_seed(12);

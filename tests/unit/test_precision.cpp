@@ -9,6 +9,7 @@
 #include "leantrain/comm/communicator.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/errors.h"
+#include "leantrain/runtime/precision.h"
 #include "leantrain/trainers/precision.h"
 
 namespace {
@@ -110,6 +111,20 @@ TEST(Autocast, GuardCastsMatmulAndRestores) {
     EXPECT_EQ(torch::matmul(a, a).scalar_type(), torch::kFloat);
   }
   EXPECT_NO_THROW(lt::trainers::check_precision_supported("bf16", torch::kCPU));
+}
+
+// precision.mode's one mapping to a dtype (runtime/precision.h), and its text back.
+TEST(Autocast, PrecisionParsesTheThreeModesAndNamesTheKeyOtherwise) {
+  EXPECT_EQ(lt::compute_dtype(lt::parse_precision("fp32")), torch::kFloat);
+  EXPECT_EQ(lt::compute_dtype(lt::parse_precision("bf16")), torch::kBFloat16);
+  EXPECT_EQ(lt::compute_dtype(lt::parse_precision("fp16")), torch::kHalf);
+  for (const char* mode : {"fp32", "bf16", "fp16"}) EXPECT_STREQ(lt::to_string(lt::parse_precision(mode)), mode);
+  try {
+    lt::parse_precision("half");
+    FAIL() << "'half' was accepted";
+  } catch (const lt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("precision.mode = 'half'"), std::string::npos) << e.what();
+  }
 }
 
 // A mode the device cannot run is a config error at startup that names the key, the device

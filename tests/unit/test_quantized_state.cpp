@@ -9,20 +9,20 @@
 #include <limits>
 #include <vector>
 
-#include "leantrain/trainers/quantized_state.h"
+#include "leantrain/optim/quantized_state.h"
 
 namespace {
 
-using lt::trainers::adamw_step_8bit;
-using lt::trainers::dequantize8;
-using lt::trainers::dequantize8_range;
-using lt::trainers::dynamic_map;
-using lt::trainers::kQuantBlock;
-using lt::trainers::Quant8Path;
-using lt::trainers::quantize8;
-using lt::trainers::quantize8_into;
-using lt::trainers::Quantized8;
-using lt::trainers::quantized_zeros;
+using lt::optim::adamw_step_8bit;
+using lt::optim::dequantize8;
+using lt::optim::dequantize8_range;
+using lt::optim::dynamic_map;
+using lt::optim::kQuantBlock;
+using lt::optim::Quant8Path;
+using lt::optim::quantize8;
+using lt::optim::quantize8_into;
+using lt::optim::Quantized8;
+using lt::optim::quantized_zeros;
 using torch::indexing::None;
 
 float float_of(uint32_t u) {

@@ -61,8 +61,10 @@ class FakeTwoRanks final : public comm::Communicator {
 
 struct Faults final : TrainerHooks {
   std::set<int64_t> oom, nan;
-  bool oom_in_last_micro_batch(int64_t step, int) override { return oom.count(step) > 0; }
-  bool nan_loss(int64_t step, int) override { return nan.count(step) > 0; }
+  MicroBatchFault micro_batch_fault(int64_t step, int, bool last, int attempt) override {
+    if (last && attempt == 0 && oom.count(step) > 0) return MicroBatchFault::kOutOfMemory;
+    return nan.count(step) > 0 ? MicroBatchFault::kNanLoss : MicroBatchFault::kNone;
+  }
 };
 
 std::vector<torch::Tensor> weights(Trainer& t) {

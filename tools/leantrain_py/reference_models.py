@@ -6,17 +6,17 @@ the same names, so that `state_dict()` keys equal the C++ `named_parameters()` /
 `named_buffers()` names (e.g. `blocks.0.attn.qkv.weight`, `blocks.3.bn1.num_batches_tracked`)
 and a leantrain checkpoint's `/model` group loads with `load_state_dict(..., strict=True)`.
 
-The activation-checkpointing wrappers of models/src/activation_checkpoint.cpp register no
-modules (they install a BlockRunner / AttentionCoreRunner callback), so they change neither
-names nor eval-mode results; nothing of them appears here. The chunked LM loss likewise only
+Activation recompute (Model::apply_recompute, models/src/recompute_model.cpp) registers no
+modules (it installs a BlockRunner callback and switches CheapRegions on), so it changes
+neither names nor eval-mode results; nothing of it appears here. The chunked LM loss likewise only
 changes how the training loss is computed, not forward().
 
 Dropout is applied at the same places as in C++ (training mode only); its random draws of
 course differ from LibTorch's, so only eval-mode outputs are comparable.
 
 build_model(model_cfg) takes the `model` section of leantrain's config JSON
-(runtime/src/config.cpp, config_to_json; keys and defaults as lt::ModelConfig in
-runtime/include/leantrain/runtime/config.h).
+(runtime/src/config.cpp, config_to_json; keys and defaults as lt::models::ModelConfig in
+models/include/leantrain/models/model_config.h).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# lt::ModelConfig's fields and defaults (runtime/include/leantrain/runtime/config.h).
+# lt::models::ModelConfig's fields and defaults (models/include/leantrain/models/model_config.h).
 MODEL_DEFAULTS: Dict[str, Any] = {
     "kind": "mlp",
     "vocab_size": 257,
@@ -71,8 +71,8 @@ def _fail(key: str, value: Any, why: str) -> None:
 
 
 def resolve_model_config(model_cfg: Mapping[str, Any]) -> Dict[str, Any]:
-    """model_cfg merged over lt::ModelConfig's defaults and validated as
-    check_model_config() (models/src/model.cpp) does. Unknown keys are errors (the C++ config is
+    """model_cfg merged over lt::models::ModelConfig's defaults and validated as
+    check_model_config() (models/src/registry.cpp) does. Unknown keys are errors (the C++ config is
     strict too, and a key this reader does not know is an option it cannot reproduce)."""
     unknown = sorted(set(model_cfg) - set(MODEL_DEFAULTS))
     if unknown:

@@ -2,16 +2,13 @@
 
 #include <torch/torch.h>
 
-#include <csignal>
-
-#include <atomic>
 #include <nlohmann/json.hpp>
 
+#include "leantrain/optim/sharded_optimizer.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/files.h"
 #include "leantrain/runtime/log.h"
 #include "leantrain/runtime/runtime_context.h"
-#include "leantrain/trainers/sharded_optimizer.h"
 
 #ifndef LEANTRAIN_VERSION
 #define LEANTRAIN_VERSION "unknown"
@@ -80,7 +77,7 @@ Checkpoint capture_state(const Config& cfg, int world, torch::nn::Module& model,
   c.optimizer_attrs = {{"lr", cfg.train.lr},           {"weight_decay", cfg.train.weight_decay},
                        {"beta1", cfg.train.beta1},     {"beta2", cfg.train.beta2},
                        {"eps", cfg.train.eps},         {"momentum", cfg.train.momentum}};
-  auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer);
+  auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(&optimizer);
   if (gathered) c.optimizer = std::move(*gathered);                          // Note [Sharded checkpoints]
   else if (sharded) c.optimizer = sharded->full_state(named_parameters_of(model));  // unsharded 8-bit: local
   else
@@ -125,7 +122,7 @@ void restore_state(const Checkpoint& c, torch::nn::Module& model, torch::optim::
     const auto slash = nt.name.rfind('/');
     opt[nt.name.substr(0, slash)][nt.name.substr(slash + 1)] = &nt.tensor;
   }
-  auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer);
+  auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(&optimizer);
   const bool adamw = sharded ? sharded->adamw() : dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
   if (!opt.empty() && c.optimizer_kind != (adamw ? "adamw" : "sgd"))
     throw CheckpointError("the checkpoint holds " + c.optimizer_kind +
@@ -274,22 +271,5 @@ void CheckpointWriter::wait() {
     std::rethrow_exception(e);
   }
 }
-
-namespace {
-std::atomic<int> g_signal{0};
-extern "C" void on_preempt(int sig) { g_signal.store(sig); }
-}  // namespace
-
-void install_preemption_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_preempt;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
-}
-bool preemption_requested() { return g_signal.load() != 0; }
-int preemption_signal() { return g_signal.load(); }
-void clear_preemption() { g_signal.store(0); }
 
 }  // namespace lt::trainers

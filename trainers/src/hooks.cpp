@@ -30,9 +30,11 @@ class EnvHooks final : public TrainerHooks {
     turn_held_ = false;
     turns_.wait_turn();  // the exit turn: the teardown stays out of the other side's steps
   }
-  bool nan_loss(int64_t step, int rank) override { return faults_.fires(FaultKind::kNan, step, rank); }
-  bool oom_in_last_micro_batch(int64_t step, int rank) override {
-    return faults_.fires(FaultKind::kOom, step, rank);
+  MicroBatchFault micro_batch_fault(int64_t step, int rank, bool last, int attempt) override {
+    // oom: the first try of the step's last micro-batch; nan: every micro-batch of the step.
+    if (last && attempt == 0 && faults_.fires(FaultKind::kOom, step, rank)) return MicroBatchFault::kOutOfMemory;
+    if (faults_.fires(FaultKind::kNan, step, rank)) return MicroBatchFault::kNanLoss;
+    return MicroBatchFault::kNone;
   }
   CheckpointFault checkpoint_fault(int64_t step, int rank) override {
     if (faults_.fires(FaultKind::kCheckpointKill, step, rank)) return CheckpointFault::kKill;

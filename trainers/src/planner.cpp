@@ -1,43 +1,34 @@
+// The planner's search: every (precision, policy) probed in the order of its notes, the
+// memory and time lines fitted, the fastest candidate that fits chosen (docs/PLANNER.md). The
+// probe itself, the fixed part and the model-state options are planner_probe.cpp, the output
+// formats planner_format.cpp, the agreement across ranks planner_agree.cpp.
 #include "leantrain/trainers/planner.h"
-#include "leantrain/trainers/quantized_state.h"
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <functional>
 #include <map>
 #include <set>
-#include <sstream>
-#include <tuple>
-#include <thread>
 
-#include <nlohmann/json.hpp>
-
-#include "leantrain/comm/communicator.h"
 #include "leantrain/data/dataset.h"
 #include "leantrain/data/registry.h"
-#include "leantrain/recompute/recompute.h"
 #include "leantrain/models/attention_memory.h"
 #include "leantrain/models/model.h"
 #include "leantrain/models/registry.h"
+#include "leantrain/optim/optimizer.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/log.h"
 #include "leantrain/runtime/memory_meter.h"
-#include "leantrain/trainers/optimizer.h"
+#include "leantrain/runtime/precision.h"
 #include "leantrain/trainers/precision.h"
-#include "leantrain/trainers/trainer.h"
+#include "planner_internal.h"
 
 namespace lt::trainers {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::string bytes_text(int64_t b) { return format_bytes(b) + " (" + std::to_string(b) + " bytes)"; }
+using namespace planner_detail;
 
 /// Lifts the budget when the planner is done (its probes ran under it as a hard limit).
 struct BudgetScope {
@@ -45,121 +36,6 @@ struct BudgetScope {
   BudgetScope(MemoryMeter& m, int64_t bytes) : meter(m) { meter.set_budget(bytes); }
   ~BudgetScope() { meter.set_budget(0); }
 };
-
-struct Probe {
-  int64_t peak = 0;
-  double micro_s = 0;   // forward+backward of one micro-batch, averaged
-  double update_s = 0;  // the optimizer step, averaged
-};
-
-// Test-only: LEANTRAIN_PLANNER_DELAY="PRECISION:SECONDS" makes that precision slow on purpose
-// (Note [Slow candidates]): the timed first forward of each pair sleeps SECONDS, and every
-// probe's micro-batch time counts SECONDS x micro-batch more.
-struct ProbeDelay {
-  std::string precision;
-  double seconds_per_sample = 0;
-};
-
-ProbeDelay probe_delay_from_env() {
-  ProbeDelay d;
-  const char* v = std::getenv("LEANTRAIN_PLANNER_DELAY");
-  if (v == nullptr || *v == 0) return d;
-  const std::string s = v;
-  const auto colon = s.find(':');
-  char* end = nullptr;
-  const double sec = colon == std::string::npos ? -1 : std::strtod(s.c_str() + colon + 1, &end);
-  if (colon == std::string::npos || end == nullptr || *end != 0 || !(sec >= 0))
-    throw ConfigError("LEANTRAIN_PLANNER_DELAY = \"" + s + "\": expected PRECISION:SECONDS, e.g. bf16:0.05");
-  d.precision = s.substr(0, colon);
-  d.seconds_per_sample = sec;
-  return d;
-}
-
-void sync(const torch::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
-}
-
-/// The timed forward of Note [Slow candidates], per sample.
-double first_forward_s(models::Model& model, const data::Dataset& train, const std::string& precision,
-                       const torch::Device& device, const ProbeDelay& delay) {
-  auto batch = train.get({0}, 0);
-  auto input = batch.input.to(device), target = batch.target.to(device);
-  sync(device);
-  const auto t0 = Clock::now();
-  {
-    AutocastGuard ac(precision, device.type());
-    model.forward_loss_with(input, target, data::fields_on(batch, device));  // the graph is freed here: no backward
-  }
-  if (delay.precision == precision)
-    std::this_thread::sleep_for(std::chrono::duration<double>(delay.seconds_per_sample));
-  sync(device);
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Note [Planner probe]: a probe is the training step itself (Trainer::train_step, the one
-// `leantrain train` runs) of the candidate at micro-batch m on one process, with accumulation
-// min(A, 2): from the second micro-batch on the gradients stay allocated while the forward
-// runs, which is the worst position of every accumulating step, so two micro-batches show the
-// peak of A. The step ends with the update, so the peak covers parameters, gradients,
-// optimizer state (and its update temporaries), the batch and the activations of one
-// micro-batch (and any tensor a data set holds, as in training). One warm-up step first
-// (allocates the optimizer state, warms the allocator and lazy initialisation), then
-// measure_steps timed ones; each step's compute time over its micro-batches gives the time of
-// one micro-batch, its update time the rest. A multi-rank candidate keeps its gradients
-// allocated across steps, as the gradient buckets do (TrainerOptions::hold_gradients); the
-// candidate of one rank without accumulation frees them before its only forward
-// (zero_grad(set_to_none) at the step's start; Note [Gradients stay in the buckets] in
-// trainer.cpp), so its peak is lower than the worst-position peak by up to the gradients
-// (GPT-12L seq 512, full checkpointing: 2.00 GiB at 2x1 vs 2.30 GiB at 1x2).
-
-/// The candidate's configuration as one process runs it in a probe (Note [Planner probe]).
-Config probe_config(const Config& cfg, const std::string& precision, const std::string& policy, int64_t micro,
-                    int64_t accumulation, int64_t steps) {
-  Config pc = cfg;
-  pc.precision.mode = precision;
-  pc.memory.activation_checkpoint = policy;
-  pc.memory.budget = "0";  // the planner's own budget is in force (BudgetScope)
-  // Unsharded FP32 state: the options' savings are applied to its peaks (Note [Model state in the plan]).
-  pc.memory.shard = "none";
-  pc.memory.optimizer_state = "fp32";
-  pc.train.micro_batch = micro;
-  pc.train.global_batch = micro * std::min<int64_t>(accumulation, 2);
-  pc.train.steps = steps;
-  pc.checkpoint.dir.clear();  // no checkpoints
-  return pc;
-}
-
-/// Runs the probe of one candidate on `model` (built for the pair). An out-of-memory error
-/// propagates: the candidate does not fit.
-Probe run_probe(const Config& cfg, const RuntimeContext& ctx, const std::shared_ptr<models::Model>& model,
-                const std::shared_ptr<data::Dataset>& train, const std::string& precision, const std::string& policy,
-                int64_t micro, int64_t accumulation, int world_size, int64_t steps, const ProbeDelay& delay) {
-  // The gradients the probe leaves on the model go with it, fitting or not.
-  struct FreeGradients {
-    models::Model& m;
-    ~FreeGradients() {
-      for (auto& p : m.parameters()) p.mutable_grad() = torch::Tensor();
-    }
-  } free_gradients{*model};
-  comm::LocalCommunicator local;
-  TrainerOptions opt;
-  opt.oom_backoff = false;
-  opt.hold_gradients = world_size > 1;
-  Trainer trainer(probe_config(cfg, precision, policy, micro, accumulation, steps + 1),
-                  Components{model, train, nullptr, "probe"}, ctx, local, opt);
-  Probe p;
-  trainer.train_step(0);  // warm-up
-  for (int64_t i = 1; i <= steps; ++i) {
-    const StepResult r = trainer.train_step(i);
-    p.peak = std::max(p.peak, r.peak_bytes);
-    p.micro_s += r.compute_s / static_cast<double>(r.accumulation);
-    p.update_s += r.update_s;
-    if (delay.precision == precision) p.micro_s += delay.seconds_per_sample * static_cast<double>(micro);
-  }
-  p.micro_s /= static_cast<double>(steps);
-  p.update_s /= static_cast<double>(steps);
-  return p;
-}
 
 /// Least squares y = a + b x; with one point, a is `intercept_if_one`.
 std::pair<double, double> fit_line(const std::vector<double>& x, const std::vector<double>& y,
@@ -185,12 +61,6 @@ PlanRow make_row(const std::string& precision, const std::string& policy, int64_
   row.micro_batch = micro_batch;
   row.accumulation = per_rank / micro_batch;
   return row;
-}
-
-std::string fmt(double v, const char* f) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
 }
 
 /// The per-rank batch, once the budget, the margin and the global batch are checked.
@@ -225,7 +95,7 @@ std::vector<std::string> candidate_precisions(const PlanOptions& opt, const torc
   if (precisions.empty()) {
     precisions.push_back("fp32");
     try {
-      check_precision_supported("bf16", device);
+      check_precision_supported(Precision::kBf16, device);
       precisions.push_back("bf16");
     } catch (const ConfigError& e) {
       log::info(std::string("planner: bf16 skipped: ") + e.what());
@@ -242,150 +112,6 @@ std::vector<int64_t> candidate_micro_batches(int64_t per_rank) {
   return micros;
 }
 
-/// The element counts of the model's parameters, on a model built (seeded) for the count alone.
-std::vector<int64_t> parameter_counts(const Config& cfg) {
-  torch::manual_seed(static_cast<uint64_t>(cfg.data.seed));
-  auto probe_model = models::build_model(cfg.model);
-  return parameter_numels(*probe_model);
-}
-
-// Note [Budget minimum] in trainer.cpp, for the planner: the fixed part of every candidate.
-/// What is allocated now (data and buffers), the parameters, their gradients, the optimizer
-/// state and the gradient buckets (comm_bytes). A ConfigError when the budget is below it.
-/// `saving`: what the most saving model-state option takes off it (Note [Model state in the plan]).
-int64_t checked_fixed_minimum(const TrainConfig& t, const MemoryMeter& meter, int64_t param_bytes,
-                              int64_t comm_bytes, int64_t budget, int64_t saving, const std::string& saver) {
-  const int64_t fixed_minimum = meter.stats().current_bytes + param_bytes /*parameters*/ +
-                                param_bytes /*gradients*/ + optimizer_state_bytes(t, param_bytes) + comm_bytes;
-  if (budget < fixed_minimum - saving)
-    throw ConfigError("memory.budget = " + bytes_text(budget) + " is below the fixed part of every candidate, " +
-                      bytes_text(fixed_minimum - saving) + " (parameters " + format_bytes(param_bytes) +
-                      ", gradients " + format_bytes(param_bytes) + ", optimizer state " +
-                      format_bytes(optimizer_state_bytes(t, param_bytes)) + ", data and buffers" +
-                      (saving > 0 ? "; less " + format_bytes(saving) + " under memory.shard/optimizer_state " + saver
-                                  : std::string()) +
-                      "): give --memory-budget at least " + std::to_string(fixed_minimum - saving) +
-                      " bytes plus room for activations");
-  return fixed_minimum;
-}
-
-// Note [Model state in the plan]
-// Besides precision x recompute x micro-batch, a candidate runs under a model-state option:
-// memory.shard (none | optimizer | gradients, several ranks) x memory.optimizer_state (fp32 |
-// int8, AdamW), PlanOptions::states in the order of preference. What an option changes is the
-// fixed part of a rank's memory: gradients, the optimizer state and the gradient buckets
-// (model_state_bytes: the optimizer state / N, the buckets' chunks P / N and about three
-// buckets of live gradients with sharded gradients, a quarter of the moments' bytes in 8
-// bits), not the activations. A probe holds its gradients, the FP32 state and (counted on top)
-// the buckets; a multi-rank run keeps its gradients in the buckets, so every option, none/fp32
-// too, saves at least that copy. So the probes run as before, unsharded with FP32 state (rank 0 alone cannot
-// shard anyway), under the budget raised by the largest saving, and each candidate is then
-// given the first option under which its measured and predicted peaks, less that option's
-// saving, are under the limit (rows show the peaks under the option). An option is never
-// faster than the one before it: sharding moves the all-reduce's bytes (stage 1) or more
-// (stage 2 with accumulation, a reduce-scatter per micro-batch), 8-bit moments cost a
-// dequantise/quantise pass (its factor on the update time is measured at the start); so the
-// choice, the highest predicted samples/s, takes a model-state technique only when it lets a
-// faster precision, policy or micro-batch fit, or when nothing fits without it. The budget
-// minimum refused up front is the fixed part under the most saving option. The savings are
-// exact for the optimizer state (8-bit: per tensor, the small ones FP32) and the buckets'
-// chunks; sharded gradients are counted as three buckets (3 x comm.bucket_mb) of live gradients,
-// which overstates the peak of a model smaller than that (its gradients are freed bucket by
-// bucket in backward, while its activations shrink): the prediction errs on the safe side.
-
-/// A model-state option "shard/optimizer_state" split into its memory.shard and
-/// memory.optimizer_state values.
-std::pair<std::string, std::string> split_state(const std::string& state) {
-  const auto slash = state.find('/');
-  return {state.substr(0, slash), state.substr(slash + 1)};
-}
-
-/// The bytes each option of `states` saves per rank against what the probes hold.
-std::vector<int64_t> state_savings(const Config& cfg, const std::vector<std::string>& states,
-                                   const std::vector<int64_t>& numels, int world) {
-  auto total = [&](const std::string& state) {
-    Config c = cfg;
-    std::tie(c.memory.shard, c.memory.optimizer_state) = split_state(state);
-    const auto b = model_state_bytes(c, numels, world);
-    return b.gradients + b.optimizer + b.comm;
-  };
-  // What a probe holds: its gradients (kept across steps for a multi-rank candidate), the
-  // FP32 optimizer state, and the buckets counted on top (comm_bytes). A real multi-rank run
-  // keeps its gradients in the buckets, so even "none/fp32" saves one copy there.
-  const int64_t param_bytes = fp32_bytes(numels);
-  const int64_t base = param_bytes + optimizer_state_bytes(cfg.train, param_bytes) + (world > 1 ? param_bytes : 0);
-  std::vector<int64_t> out;
-  for (const auto& st : states) out.push_back(base - total(st));
-  return out;
-}
-
-/// PlanOptions::states, else the options the config allows: memory.shard and
-/// memory.optimizer_state as set, "auto" for every value (8-bit moments with AdamW only; a
-/// world of one shards nothing), in the order none < optimizer < gradients, fp32 < int8.
-std::vector<std::string> candidate_states(const Config& cfg, const PlanOptions& opt, int world) {
-  if (!opt.states.empty()) return opt.states;
-  std::vector<std::string> shards = {cfg.memory.shard}, precisions = {cfg.memory.optimizer_state};
-  if (cfg.memory.shard == "auto") shards = {"none", "optimizer", "gradients"};
-  if (world == 1) shards = {"none"};
-  if (cfg.memory.optimizer_state == "auto")
-    precisions = cfg.train.optimizer == "adamw" ? std::vector<std::string>{"fp32", "int8"} : std::vector<std::string>{"fp32"};
-  std::vector<std::string> states;
-  for (const auto& p : precisions)
-    for (const auto& sh : shards) states.push_back(sh + "/" + p);
-  return states;
-}
-
-/// How much longer an AdamW update takes with 8-bit moments than with FP32 ones, measured on
-/// 2^20 elements on the device (Note [Model state in the plan]).
-double int8_update_factor(const torch::Device& device) {
-  torch::NoGradGuard no_grad;
-  const auto o = torch::TensorOptions().dtype(torch::kFloat).device(device);
-  const int64_t n = int64_t{1} << 20;
-  auto p = torch::randn({n}, o), g = torch::randn({n}, o), m = torch::zeros({n}, o), v = torch::zeros({n}, o);
-  auto qm = quantized_zeros(n, true, o), qv = quantized_zeros(n, false, o);
-  auto step = torch::full({}, 1.0, o);
-  auto time = [&](const std::function<void()>& f) {
-    f();  // warm-up
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 3; ++i) f();
-    if (device.is_cuda()) torch::cuda::synchronize();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  const double fp32 = time([&] {
-    std::vector<torch::Tensor> ps{p}, gs{g}, ms{m}, vs{v}, ss{step};
-    at::_fused_adamw_(ps, gs, ms, vs, {}, ss, 1e-3, 0.9, 0.95, 0.1, 1e-8, false, false, std::nullopt, std::nullopt);
-  });
-  const double int8 = time([&] { adamw_step_8bit(p, g, qm, qv, step, 1e-3, 0.9, 0.95, 0.1, 1e-8, std::nullopt); });
-  return fp32 > 0 ? std::max(1.0, int8 / fp32) : 1.0;
-}
-
-/// Settles each candidate's model-state option (Note [Model state in the plan]): its peaks
-/// under the first option they fit with, `fits` against the limit, and the 8-bit update's
-/// cost in its predicted samples/s.
-void assign_states(Plan& plan, const std::vector<PlanFit>& fits, double int8_factor) {
-  for (auto& row : plan.rows) {
-    size_t k = 0;
-    const bool known = row.predicted_peak >= 0;
-    for (; k + 1 < plan.states.size(); ++k) {
-      const int64_t sav = plan.state_savings[k];
-      if (known && row.predicted_peak - sav <= plan.limit && (!row.probed || row.measured_peak - sav <= plan.limit))
-        break;
-    }
-    const int64_t sav = plan.state_savings[k];
-    std::tie(row.shard, row.optimizer_state) = split_state(plan.states[k]);
-    if (row.probed) row.measured_peak -= sav;
-    if (known) row.predicted_peak -= sav;
-    if (row.floor_peak >= 0) row.floor_peak -= sav;
-    row.fits = row.fits && row.measured_peak <= plan.limit && row.predicted_peak <= plan.limit;
-    if (row.optimizer_state == "int8" && row.predicted_sps > 0)
-      for (const auto& f : fits)
-        if (f.precision == row.precision && f.policy == row.policy && f.update_s > 0)
-          row.predicted_sps = static_cast<double>(plan.global_batch) /
-                              (static_cast<double>(plan.global_batch) / row.predicted_sps + f.update_s * (int8_factor - 1));
-  }
-}
-
-/// What the probes of every (precision, policy) share, and what the pairs probed so far found.
 struct Planner {
   const Config& cfg;
   const RuntimeContext& ctx;
@@ -537,13 +263,13 @@ void probe_pair(Planner& s, PlanFit& fit, PairProbes& pp, const std::shared_ptr<
   }
 }
 
-/// Builds the pair's model (seeded, on the device, in training mode) under its checkpoint policy.
+/// Builds the pair's model (seeded, on the device, in training mode) under its recompute policy.
 std::shared_ptr<models::Model> build_pair_model(const Planner& s, const std::string& policy) {
   torch::manual_seed(static_cast<uint64_t>(s.cfg.data.seed));
   std::shared_ptr<models::Model> model = models::build_model(s.cfg.model);
   model->to(s.device);
   model->train();
-  models::apply_checkpoint_policy(*model, models::CheckpointPolicy::parse(policy));
+  models::apply_recompute_policy(*model, models::RecomputePolicy::parse(policy));
   return model;
 }
 
@@ -806,7 +532,7 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
   // The components' checks run before any data is read (the recompute policy is the planner's to pick).
   auto data = data::make_datasets(cfg.data, models::model_contract(cfg.model));
   const std::vector<int64_t> numels = parameter_counts(cfg);
-  const int64_t param_bytes = fp32_bytes(numels);
+  const int64_t param_bytes = optim::fp32_bytes(numels);
   const int64_t comm_bytes = world_size > 1 ? param_bytes : 0;  // the gradient buckets' flat buffers
   plan.states = candidate_states(cfg, opt, world_size);
   plan.state_savings = state_savings(cfg, plan.states, numels, world_size);
@@ -824,10 +550,8 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
   // SDPA kernel query allocates one [1,H,T,D/H] tensor).
   for (const auto& precision : precisions)
     for (const auto& policy : opt.policies) {
-      const c10::ScalarType dtype =
-          precision == "bf16" ? c10::kBFloat16 : (precision == "fp16" ? c10::kHalf : c10::kFloat);
-      planner.attention[precision + "/" + policy] =
-          models::attention_memory(cfg.model, device, dtype, models::CheckpointPolicy::parse(policy));
+      planner.attention[precision + "/" + policy] = models::attention_memory(
+          cfg.model, device, compute_dtype(parse_precision(precision)), models::RecomputePolicy::parse(policy));
     }
   // The probes hold no gradient buckets: under mpirun their buffers come off the budget.
   // The model-state options' savings come on top (Note [Model state in the plan]).
@@ -837,211 +561,6 @@ Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, con
   assign_states(plan, plan.fits, int8_factor);
   choose(planner, opt);
   return plan;
-}
-
-Plan agree_on_plan(const Config& cfg, const RuntimeContext& ctx, comm::Communicator& comm, const PlanOptions& opt) {
-  if (comm.size() == 1) return make_plan(cfg, ctx, 1, opt);
-  // Note [--auto across ranks]: every rank probing its own device could time its way to
-  // another choice (the samples/s of close candidates differ by noise), and the ranks must
-  // run one layout. Rank 0 plans; the others wait in the broadcast (setup deadline).
-  static const std::vector<std::string> precisions = {"fp32", "bf16", "fp16"};
-  static const std::vector<std::string> policies = {"none", "selective", "full"};
-  static const std::vector<std::string> shards = {"none", "optimizer", "gradients"};
-  static const std::vector<std::string> states = {"fp32", "int8"};
-  auto index_of = [](const std::vector<std::string>& v, const std::string& s) {
-    return static_cast<double>(std::find(v.begin(), v.end(), s) - v.begin());
-  };
-  Plan plan;
-  std::string error;
-  auto msg = torch::zeros({7}, torch::kDouble);  // ok, precision, policy, micro_batch, accumulation, shard, state
-  if (comm.rank() == 0) {
-    try {
-      plan = make_plan(cfg, ctx, comm.size(), opt);
-      const auto& c = plan.choice();
-      msg = torch::tensor({1.0, index_of(precisions, c.precision), index_of(policies, c.policy),
-                           static_cast<double>(c.micro_batch), static_cast<double>(c.accumulation),
-                           index_of(shards, c.shard), index_of(states, c.optimizer_state)},
-                          torch::kDouble);
-    } catch (const ConfigError& e) {
-      error = e.what();
-    }
-  }
-  comm.set_timeout(cfg.comm.startup_timeout_s);
-  comm.broadcast(msg, 0);
-  if (msg[0].item<double>() == 0)
-    throw ConfigError(comm.rank() == 0 ? error
-                                       : "memory.budget = " + cfg.memory.budget +
-                                             ": refused by the planner on rank 0 (its message says why and what "
-                                             "budget it needs)");
-  if (comm.rank() == 0) return plan;
-  plan.budget = opt.budget;
-  plan.margin = opt.margin;
-  plan.limit = static_cast<int64_t>(static_cast<double>(opt.budget) * (1.0 - opt.margin));
-  plan.world_size = comm.size();
-  plan.global_batch = cfg.train.global_batch;
-  PlanRow row;
-  row.precision = precisions.at(static_cast<size_t>(msg[1].item<double>()));
-  row.policy = policies.at(static_cast<size_t>(msg[2].item<double>()));
-  row.micro_batch = static_cast<int64_t>(msg[3].item<double>());
-  row.accumulation = static_cast<int64_t>(msg[4].item<double>());
-  row.shard = shards.at(static_cast<size_t>(msg[5].item<double>()));
-  row.optimizer_state = states.at(static_cast<size_t>(msg[6].item<double>()));
-  row.fits = true;
-  plan.rows.push_back(row);
-  plan.chosen = 0;
-  return plan;
-}
-
-std::string plan_table(const Plan& plan) {
-  std::ostringstream o;
-  o << "memory plan for " << plan.device << ": budget " << format_bytes(plan.budget) << ", limit "
-    << format_bytes(plan.limit) << " (" << fmt(100 * plan.margin, "%.0f") << "% margin), global batch "
-    << plan.global_batch << " on " << plan.world_size << " rank(s)\n";
-  char line[256];
-  std::snprintf(line, sizeof line, "  %-5s %-9s %6s %6s %-14s  %12s %12s  %10s %10s  %s\n", "prec", "ckpt", "micro",
-                "accum", "state", "pred peak", "meas peak", "pred sps", "meas sps", "");
-  o << line;
-  for (size_t i = 0; i < plan.rows.size(); ++i) {
-    const auto& r = plan.rows[i];
-    // A prediction without any probe of the pair is the attention floor: ">=".
-    const std::string pred = r.predicted_peak < 0 ? "-"
-                             : (r.attention_pruned && r.predicted_peak == r.floor_peak ? ">=" : "") +
-                                   format_bytes(r.predicted_peak);
-    const std::string meas =
-        r.probed ? format_bytes(r.measured_peak)
-                 : (r.oom ? "OOM"
-                          : (r.slow ? "slow"
-                                    : (r.skipped ? "skipped"
-                                                 : (!r.same_as.empty() ? "= " + r.same_as
-                                                                       : (r.attention_pruned ? "pruned:attn" : "pruned")))));
-    const std::string psps = r.predicted_sps > 0 ? fmt(r.predicted_sps, "%.1f") : "-";
-    const std::string msps = r.measured_sps > 0 ? fmt(r.measured_sps, "%.1f") : "-";
-    const std::string mark = static_cast<int>(i) == plan.chosen ? "<- chosen" : (r.fits ? "fits" : "");
-    const std::string state = r.shard + "/" + r.optimizer_state;
-    std::snprintf(line, sizeof line, "  %-5s %-9s %6lld %6lld %-14s  %12s %12s  %10s %10s  %s\n", r.precision.c_str(),
-                  r.policy.c_str(), static_cast<long long>(r.micro_batch), static_cast<long long>(r.accumulation),
-                  state.c_str(), pred.c_str(), meas.c_str(), psps.c_str(), msps.c_str(), mark.c_str());
-    o << line;
-  }
-  o << "fits (peak = fixed + per_sample x micro_batch):\n";
-  for (const auto& f : plan.fits) {
-    if (f.slow) {
-      o << "  " << f.precision << " " << f.policy << ": slow"
-        << (f.warmup_forward_s > 0 ? " (warm-up forward " + fmt(f.warmup_forward_s, "%.3g") + " s/sample)"
-                                   : std::string(" (its precision was slow with an earlier policy)"))
-        << ", not probed\n";
-      continue;
-    }
-    if (f.dominated) {
-      o << "  " << f.precision << " " << f.policy << ": dominated, not probed (" << f.precision
-        << " none fits at the whole batch; recomputation only adds time)\n";
-      continue;
-    }
-    if (!f.same_as.empty()) {
-      o << "  " << f.precision << " " << f.policy << ": same as " << f.same_as << ", not probed (" << f.attention_core
-        << " keeps no [B,H,T,T] tensors for " << f.policy << " to drop)\n";
-      continue;
-    }
-    const std::string attention =
-        f.attention_bytes_per_sample > 0
-            ? "; attention " + format_bytes(f.attention_bytes_per_sample) + "/sample (" + f.attention_core + ")"
-            : (f.attention_core.empty() ? "" : "; attention " + f.attention_core + ": no [B,H,T,T] tensors");
-    if (f.points == 0) {
-      o << "  " << f.precision << " " << f.policy << ": no probe fitted" << attention << "\n";
-      continue;
-    }
-    o << "  " << f.precision << " " << f.policy << ": fixed " << format_bytes(static_cast<int64_t>(f.fixed_bytes))
-      << " + " << format_bytes(static_cast<int64_t>(f.per_sample_bytes)) << "/sample (" << f.points << " probes)"
-      << attention << "\n";
-  }
-  if (plan.chosen >= 0) {
-    std::string sets;
-    for (const auto& s : plan_overrides(plan)) sets += " --set " + s;
-    o << "chosen:" << sets << "\n";
-  }
-  return o.str();
-}
-
-std::vector<std::string> plan_overrides(const Plan& plan) {
-  const auto& c = plan.choice();
-  return {"precision.mode=" + c.precision, "memory.activation_checkpoint=" + c.policy,
-          "train.micro_batch=" + std::to_string(c.micro_batch), "train.global_batch=" + std::to_string(plan.global_batch),
-          "memory.shard=" + c.shard, "memory.optimizer_state=" + c.optimizer_state,
-          "memory.budget=" + std::to_string(plan.budget)};
-}
-
-MetricFields plan_event(const Plan& plan) {
-  const auto& c = plan.choice();
-  int64_t probes = 0;
-  for (const auto& r : plan.rows) probes += r.probed ? 1 : 0;
-  return {{"budget_bytes", plan.budget},
-          {"margin", plan.margin},
-          {"limit_bytes", plan.limit},
-          {"precision", c.precision},
-          {"activation_checkpoint", c.policy},
-          {"micro_batch", c.micro_batch},
-          {"accumulation", c.accumulation},
-          {"shard", c.shard},
-          {"optimizer_state", c.optimizer_state},
-          {"global_batch", plan.global_batch},
-          {"predicted_peak_bytes", c.predicted_peak},
-          {"measured_peak_bytes", c.measured_peak},
-          {"predicted_samples_per_s", c.predicted_sps},
-          {"measured_samples_per_s", c.measured_sps},
-          {"candidates", static_cast<int64_t>(plan.rows.size())},
-          {"probes", probes}};
-}
-
-std::string plan_to_json(const Plan& plan) {
-  auto row_json = [](const PlanRow& r) {
-    return nlohmann::json{{"precision", r.precision},         {"activation_checkpoint", r.policy},
-                          {"micro_batch", r.micro_batch},     {"accumulation", r.accumulation},
-                          {"shard", r.shard},                 {"optimizer_state", r.optimizer_state},
-                          {"probed", r.probed},               {"oom", r.oom},
-                          {"slow", r.slow},
-                          {"skipped", r.skipped},
-                          {"measured_peak_bytes", r.measured_peak}, {"predicted_peak_bytes", r.predicted_peak},
-                          {"measured_samples_per_s", r.measured_sps}, {"predicted_samples_per_s", r.predicted_sps},
-                          {"fits", r.fits},
-                          {"attention_bytes_per_sample", r.attention_bytes_per_sample},
-                          {"floor_peak_bytes", r.floor_peak},
-                          {"attention_pruned", r.attention_pruned},
-                          {"same_as", r.same_as.empty() ? nlohmann::json() : nlohmann::json(r.same_as)}};
-  };
-  nlohmann::json j;
-  j["budget_bytes"] = plan.budget;
-  j["margin"] = plan.margin;
-  j["slow_factor"] = plan.slow_factor;
-  j["limit_bytes"] = plan.limit;
-  j["fixed_minimum_bytes"] = plan.fixed_minimum;
-  j["states"] = plan.states;
-  j["state_savings_bytes"] = plan.state_savings;
-  j["world_size"] = plan.world_size;
-  j["global_batch"] = plan.global_batch;
-  j["device"] = plan.device;
-  j["candidates"] = nlohmann::json::array();
-  for (const auto& r : plan.rows) j["candidates"].push_back(row_json(r));
-  j["fits"] = nlohmann::json::array();
-  for (const auto& f : plan.fits)
-    j["fits"].push_back({{"precision", f.precision},
-                         {"activation_checkpoint", f.policy},
-                         {"fixed_bytes", f.fixed_bytes},
-                         {"per_sample_bytes", f.per_sample_bytes},
-                         {"micro_fixed_s", f.micro_fixed_s},
-                         {"micro_per_sample_s", f.micro_per_sample_s},
-                         {"update_s", f.update_s},
-                         {"points", f.points},
-                         {"warmup_forward_s", f.warmup_forward_s},
-                         {"slow", f.slow},
-                         {"dominated", f.dominated},
-                         {"attention_core", f.attention_core},
-                         {"attention_bytes_per_sample", f.attention_bytes_per_sample},
-                         {"same_as", f.same_as.empty() ? nlohmann::json() : nlohmann::json(f.same_as)}});
-  if (plan.chosen >= 0) {
-    j["chosen"] = row_json(plan.choice());
-    j["set"] = plan_overrides(plan);
-  }
-  return j.dump(2);
 }
 
 }  // namespace lt::trainers

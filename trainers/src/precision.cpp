@@ -6,20 +6,23 @@
 
 #include <cmath>
 
+#include "leantrain/optim/optimizer.h"
 #include "leantrain/runtime/errors.h"
-#include "leantrain/trainers/optimizer.h"
 
 namespace lt::trainers {
 
-AutocastGuard::AutocastGuard(const std::string& mode, c10::DeviceType device) : device_(device) {
-  if (mode == "fp32") return;
+AutocastGuard::AutocastGuard(Precision precision, c10::DeviceType device) : device_(device) {
+  if (precision == Precision::kFp32) return;
   active_ = true;
   prev_enabled_ = at::autocast::is_autocast_enabled(device_);
   prev_dtype_ = at::autocast::get_autocast_dtype(device_);
-  at::autocast::set_autocast_dtype(device_, mode == "bf16" ? at::kBFloat16 : at::kHalf);
+  at::autocast::set_autocast_dtype(device_, compute_dtype(precision));
   at::autocast::set_autocast_enabled(device_, true);
   at::autocast::increment_nesting();
 }
+
+AutocastGuard::AutocastGuard(const std::string& mode, c10::DeviceType device)
+    : AutocastGuard(parse_precision(mode), device) {}
 
 AutocastGuard::~AutocastGuard() {
   if (!active_) return;
@@ -28,24 +31,29 @@ AutocastGuard::~AutocastGuard() {
   at::autocast::set_autocast_dtype(device_, prev_dtype_);
 }
 
-void check_precision_supported(const std::string& mode, const torch::Device& device) {
-  if (mode == "fp32") return;
+void check_precision_supported(Precision precision, const torch::Device& device) {
+  if (precision == Precision::kFp32) return;
+  const std::string mode = to_string(precision);
   try {
     auto a = torch::randn({8, 8}, torch::TensorOptions().device(device));
     torch::Tensor y;
     {
-      AutocastGuard ac(mode, device.type());
+      AutocastGuard ac(precision, device.type());
       y = torch::matmul(a, a);
     }
-    const auto want = mode == "bf16" ? torch::kBFloat16 : torch::kHalf;
-    if (y.scalar_type() != want)
+    if (y.scalar_type() != compute_dtype(precision))
       throw std::runtime_error("autocast produced " + std::string(c10::toString(y.scalar_type())));
   } catch (const std::exception& e) {
     std::string msg = e.what();
     msg = msg.substr(0, msg.find('\n'));
     throw ConfigError("precision.mode = '" + mode + "': this LibTorch cannot run " + mode + " matmuls on " +
-                      device.str() + " (" + msg + "); use " + (mode == "fp16" ? "bf16 or fp32" : "fp32"));
+                      device.str() + " (" + msg + "); use " +
+                      (precision == Precision::kFp16 ? "bf16 or fp32" : "fp32"));
   }
+}
+
+void check_precision_supported(const std::string& mode, const torch::Device& device) {
+  check_precision_supported(parse_precision(mode), device);
 }
 
 LossScaler::LossScaler(const PrecisionConfig& cfg, bool enabled, const torch::Device& device)
@@ -103,7 +111,7 @@ void LossScaler::load(double scale, int64_t growth_tracker) {
 // + clip_grad_norm_ + AdamW / SGD(fused=True) up to float rounding of the divisor
 // (tests/unit/test_optimizer.cpp replays PyTorch's sequence within 1e-6).
 namespace {
-bool fused_update(ScaledStep& optimizer, LossScaler& scaler, const std::vector<torch::Tensor>& params,
+bool fused_update(optim::ScaledStep& optimizer, LossScaler& scaler, const std::vector<torch::Tensor>& params,
                   double grad_clip, comm::Communicator& comm) {
   const std::vector<torch::Tensor> grads = optimizer.update_gradients(params);
   const double scale = scaler.scale_value();
@@ -149,7 +157,7 @@ bool fused_update(ScaledStep& optimizer, LossScaler& scaler, const std::vector<t
 
 bool apply_update(torch::optim::Optimizer& optimizer, LossScaler& scaler,
                   const std::vector<torch::Tensor>& params, double grad_clip, comm::Communicator& comm) {
-  if (auto* fused = dynamic_cast<ScaledStep*>(&optimizer)) return fused_update(*fused, scaler, params, grad_clip, comm);
+  if (auto* fused = dynamic_cast<optim::ScaledStep*>(&optimizer)) return fused_update(*fused, scaler, params, grad_clip, comm);
   const bool found_inf = scaler.unscale_(params, comm);
   if (!found_inf) {
     if (grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, grad_clip);

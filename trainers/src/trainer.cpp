@@ -1,46 +1,35 @@
+// The Trainer: setup, the step and the loop. Evaluation and what a run writes and logs
+// (metrics, checkpoints) are trainer_outputs.cpp; the registry glue components.cpp.
 #include "leantrain/trainers/trainer.h"
-#include "leantrain/trainers/sharded_optimizer.h"
 
 #include <c10/util/Exception.h>
-#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <map>
-#include <sstream>
 
-#include <nlohmann/json.hpp>
-
+#include "leantrain/comm/agreement.h"
 #include "leantrain/data/data.h"
-#include "leantrain/data/registry.h"
-#include "leantrain/recompute/recompute.h"
 #include "leantrain/models/registry.h"
+#include "leantrain/optim/optimizer.h"
+#include "leantrain/optim/sharded_optimizer.h"
+#include "leantrain/recompute/recompute.h"
 #include "leantrain/runtime/errors.h"
-#include "leantrain/runtime/files.h"
 #include "leantrain/runtime/log.h"
-#include "leantrain/trainers/faults.h"
-#include "leantrain/trainers/optimizer.h"
+#include "leantrain/trainers/preemption.h"
 #include "leantrain/trainers/pretrained.h"
 #include "leantrain/trainers/schedule.h"
+#include "trainer_internal.h"
 
 namespace lt::trainers {
+
+using trainer_detail::Clock;
+using trainer_detail::first_line;
+using trainer_detail::seconds_since;
+
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// The process's peak resident set so far (getrusage; Linux reports KiB). On the CPU this is
-// the one memory figure a Python peer can report the same way (bench/peers/, docs/BENCH_PEERS.md).
-int64_t peak_rss_bytes() {
-  struct rusage ru {};
-  if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
-}
 
 // Note [Randomness per micro-batch]
 // Dropout draws from the global generator, reseeded before every micro-batch from
@@ -53,27 +42,8 @@ uint64_t micro_seed(uint64_t seed, int64_t step, int rank, int64_t micro) {
 
 std::string bytes_text(int64_t b) { return format_bytes(b) + " (" + std::to_string(b) + " bytes)"; }
 
-/// The first line of a LibTorch message, without its C++ context.
-std::string first_line(const c10::Error& e) {
-  std::string m = e.what_without_backtrace();
-  const auto nl = m.find('\n');
-  return nl == std::string::npos ? m : m.substr(0, nl);
-}
-
 torch::Tensor zeros_double(const torch::Device& device) {
   return torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-}
-
-// An injected storage fault (ckpt_fail / ckpt_kill): writes `c` on this thread while no
-// file may grow past half its tensor bytes, so the write fails (or the process dies) midway.
-void write_under_storage_fault(CheckpointWriter& writer, const checkpoint_io::Checkpoint& c, bool kill,
-                               Clock::time_point since) {
-  int64_t bytes = 0;
-  for (const auto* group : {&c.model, &c.optimizer})
-    for (const auto& nt : *group) bytes += static_cast<int64_t>(nt.tensor.nbytes());
-  writer.wait();  // the limit is process-wide: not on the write of an earlier checkpoint
-  FileSizeFault limit(std::max<int64_t>(bytes / 2, 4096), kill);
-  writer.write_now(c, since);
 }
 
 void check_components(const Components& c) {
@@ -82,41 +52,22 @@ void check_components(const Components& c) {
   if (c.train->size() <= 0) throw ConfigError("Trainer: the training set is empty (" + c.train->describe() + ")");
 }
 
+// Test-only faults (TrainerHooks::micro_batch_fault: LEANTRAIN_FAULT nan / oom) at their one
+// point in a micro-batch: after its forward, its gradient hooks armed, before its backward.
+void inject_micro_batch_fault(TrainerHooks& hooks, int64_t step, int rank, bool last, int attempt,
+                              torch::Tensor& loss) {
+  switch (hooks.micro_batch_fault(step + 1, rank, last, attempt)) {
+    case MicroBatchFault::kNone:
+      return;
+    case MicroBatchFault::kNanLoss:
+      loss = loss * std::numeric_limits<double>::quiet_NaN();
+      return;
+    case MicroBatchFault::kOutOfMemory:
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "injected out of memory (LEANTRAIN_FAULT oom@", step + 1, ")");
+  }
+}
+
 }  // namespace
-
-Config resolve_components(const Config& cfg) {
-  Config out = cfg;
-  out.model = models::resolve_model(cfg.model);
-  out.data = data::resolve_data(cfg.data);
-  return out;
-}
-
-std::string registered_options_markdown() {
-  std::string md;
-  for (const auto& name : models::model_kind_names()) {
-    const auto& k = models::model_kind(name);
-    md += options_markdown("model", k.name, k.doc, k.options) + "\n";
-  }
-  for (const auto& name : data::data_kind_names()) {
-    const auto& k = data::data_kind(name);
-    md += options_markdown("data", k.name, k.doc, k.options) + "\n";
-  }
-  return md;
-}
-
-void check_component_config(const Config& cfg) {
-  (void)resolve_components(cfg);
-  models::RecomputePolicy::parse(cfg.memory.activation_checkpoint);
-}
-
-Components make_components(const Config& cfg) {
-  const Config c = resolve_components(cfg);
-  models::RecomputePolicy::parse(c.memory.activation_checkpoint);
-  MemoryMeter::install_cpu_tracking();  // before the first parameter (Note [Memory breakdown])
-  torch::manual_seed(static_cast<uint64_t>(c.data.seed));  // same initial weights on every rank
-  auto data = data::make_datasets(c.data, models::model_contract(c.model));
-  return Components{models::build_model(c.model), data.train, data.eval, "model " + c.model.kind};
-}
 
 // What the micro-batches of one try of a step left behind (Note [Out-of-memory back-off]).
 struct Trainer::MicroBatches {
@@ -138,8 +89,9 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
       opt_(std::move(opt)),
       hooks_(opt_.hooks ? opt_.hooks : std::make_shared<TrainerHooks>()),
       device_(ctx.on_cuda() ? torch::Device(torch::kCUDA, ctx.device_index) : torch::Device(torch::kCPU)),
+      precision_(parse_precision(cfg.precision.mode)),
       meter_(ctx.device_index),
-      nonfinite_(cfg.train.nonfinite, cfg.train.nonfinite_max_skips, cfg.precision.mode == "fp16"),
+      nonfinite_(cfg.train.nonfinite, cfg.train.nonfinite_max_skips, precision_ == Precision::kFp16),
       schedule_{cfg.checkpoint.every_steps, cfg.checkpoint.at_end},
       world_(comm.size()),
       rank_(comm.rank()) {
@@ -148,7 +100,7 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
   if (t.micro_batch <= 0 || t.global_batch % (t.micro_batch * world_) != 0)
     throw ConfigError("train.global_batch = " + std::to_string(t.global_batch) + " must be a multiple of " +
                       std::to_string(world_) + " ranks x train.micro_batch " + std::to_string(t.micro_batch));
-  check_precision_supported(cfg_.precision.mode, device_);
+  check_precision_supported(precision_, device_);
   for (const auto& [key, value] : {std::pair<std::string, std::string>{"memory.shard", cfg_.memory.shard},
                                    {"memory.optimizer_state", cfg_.memory.optimizer_state}})
     if (value == "auto")
@@ -169,7 +121,7 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
   auto& model = *parts_.model;
   model.to(device_);
   model.train();
-  model.apply_recompute(models::RecomputePolicy::parse(cfg_.memory.activation_checkpoint));
+  model.apply_recompute(models::RecomputePolicy::parse(cfg_.memory.recompute));
   model.set_head_matmul(recompute::parse_head_matmul(cfg_.precision.head_matmul));
   model.set_conv_products(recompute::parse_conv_products(cfg_.precision.conv_products));
   comm_.set_step(0);
@@ -186,8 +138,8 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
   grad_sync_ = std::make_unique<comm::GradientSync>(params_, cfg_.comm.first_bucket_mb, cfg_.comm.bucket_mb,
                                                     cfg_.comm.overlap, shard_, world_, rank_,
                                                     cfg_.memory.grad_accum_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
-  optimizer_ = make_run_optimizer(cfg_, model, *grad_sync_, comm_);
-  scaler_ = std::make_unique<LossScaler>(cfg_.precision, cfg_.precision.mode == "fp16", device_);
+  optimizer_ = optim::make_run_optimizer(cfg_, model, *grad_sync_, comm_);
+  scaler_ = std::make_unique<LossScaler>(cfg_.precision, precision_ == Precision::kFp16, device_);
   for (const auto& p : model.parameters()) param_bytes_ += static_cast<int64_t>(p.nbytes());
   check_budget();
   ckpt_dir_ = opt_.out_dir.empty() ? cfg_.checkpoint.dir : checkpoint_dir(cfg_, opt_.out_dir);
@@ -223,7 +175,7 @@ void Trainer::check_budget() {
   if (budget_ <= 0) return;
   // The buckets, if a sharded optimizer allocated them already, are counted as such below.
   const int64_t now = meter_.stats().current_bytes - grad_sync_->buffer_bytes();
-  const auto mb = model_state_bytes(cfg_, parameter_numels(*parts_.model), world_);
+  const auto mb = optim::model_state_bytes(cfg_, optim::parameter_numels(*parts_.model), world_);
   budget_minimum_ = now + mb.comm + mb.gradients + mb.optimizer;
   if (budget_ < budget_minimum_)
     throw ConfigError("memory.budget = " + bytes_text(budget_) + " is below the " + bytes_text(budget_minimum_) +
@@ -272,71 +224,6 @@ void Trainer::start_from(const StartOptions& start) {
            " micro x " + std::to_string(c->accumulation) + " accumulation; now " + std::to_string(world_) + " x " +
            std::to_string(t.micro_batch) + " x " + std::to_string(accum_) + ", same global batch)";
   log::info(how);
-}
-
-namespace {
-
-// Model::compute_note at the run's device and precision.
-std::string compute_note(const Config& cfg, const models::Model& model, const c10::Device& device) {
-  const auto dtype = cfg.precision.mode == "bf16" ? c10::kBFloat16
-                     : cfg.precision.mode == "fp16" ? c10::kHalf
-                                                    : c10::kFloat;
-  return model.compute_note(device, dtype);
-}
-
-}  // namespace
-
-// config.json, metrics.jsonl (a resumed run appends to the metrics of the run it continues)
-// and the checkpoint writer, whose completion events come from its own thread (MetricsWriter
-// is thread-safe).
-void Trainer::open_outputs() {
-  const bool files = !opt_.out_dir.empty();
-  if (files && rank_ == 0) {
-    files::make_dirs(opt_.out_dir);
-    // Note [What ran]: the resolved config, plus what the runtime chose for it on this machine
-    // (GPT/BERT: the attention kernel LibTorch picks), under "runtime" (read by people and
-    // tools; a config file has no such section).
-    auto j = nlohmann::json::parse(config_to_json(cfg_));
-    j["runtime"] = {{"device", device_.str()}, {"compute", compute_note(cfg_, *parts_.model, device_)}};
-    files::write_atomic(files::join(opt_.out_dir, "config.json"), j.dump(2) + "\n");
-  }
-  metrics_ = std::make_unique<MetricsWriter>(files ? files::join(opt_.out_dir, "metrics.jsonl") : std::string(),
-                                             files && rank_ == 0, !resumed_from_.empty());
-  if (!opt_.start.plan_event.empty()) metrics_->event("plan", opt_.start.plan_event);
-  if (!resumed_from_.empty())
-    metrics_->event("resume",
-                    {{"step", start_step_}, {"path", resumed_from_}, {"world_size", static_cast<int64_t>(world_)}});
-  auto* metrics = metrics_.get();
-  writer_ = std::make_unique<CheckpointWriter>(
-      ckpt_dir_, cfg_.checkpoint.keep_last, cfg_.checkpoint.async,
-      [metrics](const std::string& path, const checkpoint_io::WriteStats& ws, double stall_s) {
-        metrics->event("checkpoint",
-                       {{"path", path}, {"bytes", ws.bytes}, {"seconds", ws.seconds}, {"stall_s", stall_s}});
-        log::info("checkpoint " + path + ": " + format_bytes(ws.bytes) + " in " + std::to_string(ws.seconds) + " s");
-      });
-}
-
-void Trainer::log_start() const {
-  const auto& t = cfg_.train;
-  log::info(parts_.name + ": " + std::to_string(models::count_parameters(*parts_.model)) +
-            " parameters; " + parts_.train->describe());
-  // The kernels the model runs here (GPT/BERT: the attention LibTorch picks), once.
-  const std::string note = compute_note(cfg_, *parts_.model, device_);
-  if (!note.empty()) log::info(parts_.name + ": " + note);
-  log::info("device " + ctx_.device_string() + ", " + std::to_string(ctx_.threads) + " threads, world " +
-            std::to_string(world_) + ", precision " + cfg_.precision.mode + "; global batch " +
-            std::to_string(t.global_batch) + " = " + std::to_string(world_) + " ranks x " +
-            std::to_string(t.micro_batch) + " micro x " + std::to_string(accum_) +
-            " accumulation; recompute " +
-            models::RecomputePolicy::parse(cfg_.memory.activation_checkpoint).to_string() + "; shard " +
-            comm::to_string(shard_) +
-            (shard_ == comm::ShardStage::kGradients ? " (" + cfg_.memory.grad_accum_dtype + " gradient sums)" : "") +
-            ", optimizer state " + cfg_.memory.optimizer_state + "; " +
-            std::to_string(total_steps_) + " steps (" + std::to_string(steps_per_epoch_) + " per epoch)");
-  if (lr_scale(t) != 1.0)
-    log::info("linear lr scaling: train.lr " + std::to_string(t.lr) + " x global batch " +
-              std::to_string(t.global_batch) + " / train.lr_reference_batch " + std::to_string(t.lr_reference_batch) +
-              " = " + std::to_string(t.lr * lr_scale(t)));
 }
 
 const std::vector<int64_t>& Trainer::permutation(int64_t epoch) {
@@ -398,11 +285,10 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
       torch::manual_seed(micro_seed(cfg_.data.seed, step, rank_, j));
       torch::Tensor loss;
       {
-        AutocastGuard ac(cfg_.precision.mode, device_.type());
+        AutocastGuard ac(precision_, device_.type());
         loss = parts_.model->forward_loss_with(batch.input.to(device_), batch.target.to(device_),
                                                data::fields_on(batch, device_));
       }
-      if (hooks_->nan_loss(step + 1, rank_)) loss = loss * std::numeric_limits<double>::quiet_NaN();
       // The buckets' all-reduces start inside the last micro-batch's backward (comm.overlap);
       // with sharded gradients every micro-batch's buckets are reduce-scattered. GradientSync
       // arms where its stage synchronises (begin_backward / end_backward are no-ops elsewhere).
@@ -411,8 +297,7 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
         mb.backward_begun = j;
         if (j == accum_ - 1) mb.last_backward_begun = true;
       }
-      if (j == accum_ - 1 && attempt == 0 && hooks_->oom_in_last_micro_batch(step + 1, rank_))
-        TORCH_CHECK_WITH(OutOfMemoryError, false, "injected out of memory (LEANTRAIN_FAULT oom@", step + 1, ")");
+      inject_micro_batch_fault(*hooks_, step, rank_, j == accum_ - 1, attempt, loss);  // tests only
       // Gradients average over the whole global batch: world x accumulation micro-batches.
       scaler_->scale(loss / static_cast<double>(accum_ * world_)).backward();
       if (world_ > 1 && j < accum_ - 1) grad_sync_->end_backward(comm_);
@@ -471,307 +356,164 @@ void Trainer::back_off(int64_t step, bool oom_here, const std::string& what, int
   meter_.reset_peak();              // the step's peak is the try that completes
 }
 
-StepResult Trainer::train_step(int64_t step) {
-  StepResult r;
-  r.step = step + 1;
-  r.epoch = step / steps_per_epoch_;
-  const auto& perm = permutation(r.epoch);
-  comm_.set_step(step + 1);
-  // Note [Deadlines]: setup (broadcasts, resume), the first step (allocator warm-up, lazy
-  // initialisation), an evaluation (ranks may finish their shares apart) and the step after an
-  // evaluation or a checkpoint (rank 0 may still be writing) may be slow on one rank: those run
-  // under comm.startup_timeout_s; every other step under comm.timeout_s, so a dead or stuck
-  // peer is noticed in seconds, not hours.
-  comm_.set_timeout(generous_step_ ? cfg_.comm.startup_timeout_s : cfg_.comm.timeout_s);
-  generous_step_ = false;
-  const auto step_start = Clock::now();
-  meter_.reset_peak();
-  r.lr = lr_at(cfg_.train, step, total_steps_);
-  for (auto& g : optimizer_->param_groups()) g.options().set_lr(r.lr);
-  // Note [Gradients stay in the buckets]: under mpirun every .grad is, after the first
-  // synchronisation, an alias of its slot in a persistent bucket buffer (Note [Gradients as
-  // bucket views] in comm/src/grad_sync.cpp). Zeroing in place keeps it so: backward then
-  // accumulates straight into the buckets, nothing is packed, and no second copy of the
-  // gradients is allocated each step (DDP's gradient_as_bucket_view, kept across steps).
-  // One rank has no buckets; there freeing the gradients keeps them out of the forward's peak.
-  optimizer_->zero_grad(/*set_to_none=*/!hold_grads_);
+// Note [Step telemetry]: besides its loss and its update, a step measures its times, its
+// memory (Note [Memory breakdown]) and its collectives. StepTelemetry gathers them into the
+// StepResult at fixed points of the step, so train_step reads as the training it does. Its
+// construction starts the step's clock and its memory peak; each try of the step (an
+// out-of-memory back-off redoes it) adds its times; done() ends the step's measurements.
+class Trainer::StepTelemetry {
+ public:
+  StepTelemetry(Trainer& t, StepResult& r) : t_(t), r_(r), start_(Clock::now()) { t_.meter_.reset_peak(); }
+
   // Note [Memory breakdown]: what is allocated at the start of a step is parameters +
   // optimizer state + gradient buckets (holding the zeroed gradients under mpirun) + the rest
   // ("other": model buffers, the batch, and the background checkpoint writer's snapshot
   // while it writes); the step's peak above that is the gradients outside the buckets plus
   // the activations of one micro-batch. Optimizer state is summed over its tensors, so a
   // checkpoint snapshot is not counted as such.
-  const comm::CommStats stats_at_start = comm_.stats();
-  r.base_bytes = meter_.stats().current_bytes;
-  r.optimizer_bytes = optimizer_state_allocated_bytes(*optimizer_);
-  r.other_bytes = std::max<int64_t>(0, r.base_bytes - param_bytes_ - r.optimizer_bytes - grad_sync_->buffer_bytes());
-
-  for (int attempt = 0;; ++attempt) {
-    const int64_t calls_at_start = comm_.stats().allreduce_calls;
-    MicroBatches mb = run_micro_batches(step, perm, attempt);
-    r.data_time_s += mb.data_s;
-    r.compute_s += mb.compute_s;
-    const auto u0 = Clock::now();
-    // Collectives issued while the micro-batches ran, besides the gradient buckets started in
-    // the last backward (must be none: accumulation is local).
-    // (Sharded: the buckets' reduce-scatters are counted as such, not as all-reduces.)
-    r.calls_in_microbatches = comm_.stats().allreduce_calls - calls_at_start -
-                              (mb.last_backward_begun && shard_ == comm::ShardStage::kNone
-                                   ? grad_sync_->last_times().started_in_backward
-                                   : 0);
-    if (world_ > 1) {  // once per optimizer step: one all-reduce per bucket, sums into .grad
-      if (mb.last_backward_begun) grad_sync_->finish(comm_);
-      else grad_sync_->all_reduce(comm_);  // out of memory before the last backward began
-      r.comm_time_s = grad_sync_->last_times().comm_s;
-      r.comm_exposed_s = grad_sync_->last_times().exposed_s;
-      r.buckets_in_backward = mb.last_backward_begun ? grad_sync_->last_times().started_in_backward : 0;
+  /// After the step's gradients were zeroed.
+  void base_memory() {
+    at_start_ = t_.comm_.stats();
+    r_.base_bytes = t_.meter_.stats().current_bytes;
+    r_.optimizer_bytes = optim::optimizer_state_allocated_bytes(*t_.optimizer_);
+    r_.other_bytes = std::max<int64_t>(
+        0, r_.base_bytes - t_.param_bytes_ - r_.optimizer_bytes - t_.grad_sync_->buffer_bytes());
+  }
+  /// Before a try's micro-batches.
+  void try_begins() { calls_at_try_ = t_.comm_.stats().allreduce_calls; }
+  /// After them: their times, and the collectives they issued besides the gradient buckets
+  /// started in the last backward (must be none: accumulation is local; sharded, the buckets'
+  /// reduce-scatters are counted as such, not as all-reduces).
+  void micro_batches_ran(const MicroBatches& mb) {
+    r_.data_time_s += mb.data_s;
+    r_.compute_s += mb.compute_s;
+    r_.calls_in_microbatches = t_.comm_.stats().allreduce_calls - calls_at_try_ -
+                               (mb.last_backward_begun && t_.shard_ == comm::ShardStage::kNone
+                                    ? t_.grad_sync_->last_times().started_in_backward
+                                    : 0);
+  }
+  /// After the gradient reduction: its times and its all-reduces.
+  void gradients_reduced(const MicroBatches& mb) {
+    if (t_.world_ > 1) {
+      const auto& times = t_.grad_sync_->last_times();
+      r_.comm_time_s = times.comm_s;
+      r_.comm_exposed_s = times.exposed_s;
+      r_.buckets_in_backward = mb.last_backward_begun ? times.started_in_backward : 0;
     }
-    r.grad_allreduce_calls = comm_.stats().allreduce_calls - calls_at_start - r.calls_in_microbatches;
-    // The step's loss, the preemption flag and the out-of-memory flag travel together, before
-    // the update: one small all-reduce, and every rank learns in the same step that some rank
-    // was asked to stop, ran out of memory, or that the loss is not finite (Note [Non-finite loss]).
-    if (mb.oom) mb.loss_sum = zeros_double(device_);
-    auto flags = torch::tensor({preemption_requested() ? 1.0 : 0.0, mb.oom ? 1.0 : 0.0}, mb.loss_sum.options());
-    auto reduced = torch::cat({(mb.loss_sum / static_cast<double>(accum_ * world_)).reshape({1}), flags});
-    if (world_ > 1) comm_.allreduce_sum(reduced);
-    reduced = reduced.cpu();
-    r.loss = reduced[0].item<double>();
-    r.stop = reduced[1].item<double>() > 0;
-    const auto ranks_oom = static_cast<int64_t>(std::lround(reduced[2].item<double>()));
-    r.update_s += seconds_since(u0);
+    r_.grad_allreduce_calls = t_.comm_.stats().allreduce_calls - calls_at_try_ - r_.calls_in_microbatches;
+  }
+  /// Adds the time since `since` to the update's (sync wait, flags, unscale, clip, step).
+  void add_update_time(Clock::time_point since) { r_.update_s += seconds_since(since); }
+  /// Before the update: the micro-batching as run, the gradients outside the buckets (those in
+  /// them are counted as buckets) and the loss scale the step ran with.
+  void before_update() {
+    r_.micro_batch = t_.micro_;
+    r_.accumulation = t_.accum_;
+    for (const auto& p : t_.params_)
+      if (p.grad().defined() && !t_.grad_sync_->in_buckets(p.grad()))
+        r_.grad_bytes += static_cast<int64_t>(p.grad().nbytes());
+    r_.loss_scale = t_.scaler_->scale_value();
+  }
+  /// After the update: the step's collectives, its bytes counted as ring algorithms send them
+  /// (StepResult::comm_bytes), its time and its peak.
+  void done() {
+    const comm::CommStats& now = t_.comm_.stats();
+    r_.grad_reduce_scatter_calls = now.reduce_scatter_calls - at_start_.reduce_scatter_calls;
+    r_.param_allgather_calls = now.allgather_calls - at_start_.allgather_calls;
+    const double ring = t_.world_ > 1 ? static_cast<double>(t_.world_ - 1) / t_.world_ : 0.0;
+    r_.comm_bytes = static_cast<int64_t>(
+        ring * (2.0 * static_cast<double>(now.allreduce_bytes - at_start_.allreduce_bytes) +
+                static_cast<double>(now.reduce_scatter_bytes - at_start_.reduce_scatter_bytes) +
+                static_cast<double>(now.allgather_bytes - at_start_.allgather_bytes)));
+    r_.step_time_s = seconds_since(start_);
+    r_.peak_bytes = t_.meter_.stats().peak_bytes;
+  }
+
+ private:
+  Trainer& t_;
+  StepResult& r_;
+  Clock::time_point start_;
+  comm::CommStats at_start_;
+  int64_t calls_at_try_ = 0;
+};
+
+// Note [Deadlines]: setup (broadcasts, resume), the first step (allocator warm-up, lazy
+// initialisation), an evaluation (ranks may finish their shares apart) and the step after an
+// evaluation or a checkpoint (rank 0 may still be writing) may be slow on one rank: those run
+// under comm.startup_timeout_s; every other step under comm.timeout_s, so a dead or stuck
+// peer is noticed in seconds, not hours.
+void Trainer::set_step_deadline() {
+  comm_.set_timeout(generous_step_ ? cfg_.comm.startup_timeout_s : cfg_.comm.timeout_s);
+  generous_step_ = false;
+}
+
+double Trainer::set_learning_rate(int64_t step) {
+  const double lr = lr_at(cfg_.train, step, total_steps_);
+  for (auto& g : optimizer_->param_groups()) g.options().set_lr(lr);
+  return lr;
+}
+
+// Note [Gradients stay in the buckets]: under mpirun every .grad is, after the first
+// synchronisation, an alias of its slot in a persistent bucket buffer (Note [Gradients as
+// bucket views] in comm/src/grad_sync.cpp). Zeroing in place keeps it so: backward then
+// accumulates straight into the buckets, nothing is packed, and no second copy of the
+// gradients is allocated each step (DDP's gradient_as_bucket_view, kept across steps).
+// One rank has no buckets; there freeing the gradients keeps them out of the forward's peak.
+void Trainer::zero_gradients() { optimizer_->zero_grad(/*set_to_none=*/!hold_grads_); }
+
+// Once per optimizer step: one all-reduce per bucket, summing into .grad; the buckets began in
+// the last backward (comm.overlap), unless an out-of-memory error came before it began.
+void Trainer::reduce_gradients(const MicroBatches& mb) {
+  if (world_ == 1) return;
+  if (mb.last_backward_begun) grad_sync_->finish(comm_);
+  else grad_sync_->all_reduce(comm_);
+}
+
+// The step's loss, the preemption flag and the out-of-memory flag travel together, before
+// the update: one small all-reduce, and every rank learns in the same step that some rank
+// was asked to stop, ran out of memory, or that the loss is not finite (Note [Non-finite
+// loss]). Sets r.loss and r.stop; returns how many ranks ran out of memory.
+int64_t Trainer::agree_on_step(const MicroBatches& mb, StepResult& r) {
+  const torch::Tensor loss_sum = mb.oom ? zeros_double(device_) : mb.loss_sum;
+  auto flags = torch::tensor({preemption_requested() ? 1.0 : 0.0, mb.oom ? 1.0 : 0.0}, loss_sum.options());
+  auto reduced = torch::cat({(loss_sum / static_cast<double>(accum_ * world_)).reshape({1}), flags});
+  if (world_ > 1) comm_.allreduce_sum(reduced);
+  reduced = reduced.cpu();
+  r.loss = reduced[0].item<double>();
+  r.stop = reduced[1].item<double>() > 0;
+  return static_cast<int64_t>(std::lround(reduced[2].item<double>()));
+}
+
+StepResult Trainer::train_step(int64_t step) {
+  StepResult r;
+  r.step = step + 1;
+  r.epoch = step / steps_per_epoch_;
+  const auto& perm = permutation(r.epoch);
+  comm_.set_step(step + 1);
+  set_step_deadline();
+  StepTelemetry telemetry(*this, r);  // the step's clock and memory peak start here
+  r.lr = set_learning_rate(step);
+  zero_gradients();
+  telemetry.base_memory();
+  for (int attempt = 0;; ++attempt) {
+    telemetry.try_begins();
+    const MicroBatches mb = run_micro_batches(step, perm, attempt);
+    telemetry.micro_batches_ran(mb);
+    const auto u0 = Clock::now();
+    reduce_gradients(mb);
+    telemetry.gradients_reduced(mb);
+    const int64_t ranks_oom = agree_on_step(mb, r);
+    telemetry.add_update_time(u0);
     if (ranks_oom == 0) break;
     back_off(step, mb.oom, mb.oom_what, ranks_oom);
   }
   const auto u1 = Clock::now();
-  r.micro_batch = micro_;
-  r.accumulation = accum_;
-  for (const auto& p : params_)  // gradients in the buckets are counted as buckets
-    if (p.grad().defined() && !grad_sync_->in_buckets(p.grad())) r.grad_bytes += static_cast<int64_t>(p.grad().nbytes());
-  r.loss_scale = scaler_->scale_value();
+  telemetry.before_update();
   r.nonfinite_loss = nonfinite_.skip_update(step + 1, r.loss, ckpt_dir_);
   r.applied = !r.nonfinite_loss && apply_update(*optimizer_, *scaler_, params_, cfg_.train.grad_clip, comm_);
-  r.update_s += seconds_since(u1);
-  const comm::CommStats& now = comm_.stats();
-  r.grad_reduce_scatter_calls = now.reduce_scatter_calls - stats_at_start.reduce_scatter_calls;
-  r.param_allgather_calls = now.allgather_calls - stats_at_start.allgather_calls;
-  const double ring = world_ > 1 ? static_cast<double>(world_ - 1) / world_ : 0.0;
-  r.comm_bytes = static_cast<int64_t>(
-      ring * (2.0 * static_cast<double>(now.allreduce_bytes - stats_at_start.allreduce_bytes) +
-              static_cast<double>(now.reduce_scatter_bytes - stats_at_start.reduce_scatter_bytes) +
-              static_cast<double>(now.allgather_bytes - stats_at_start.allgather_bytes)));
-  r.step_time_s = seconds_since(step_start);
-  r.peak_bytes = meter_.stats().peak_bytes;
+  telemetry.add_update_time(u1);
+  telemetry.done();
   return r;
-}
-
-// The sums of the eval samples [lo, hi) in batches of `bs`: loss, counted targets, correct.
-static torch::Tensor eval_sums(models::Model& model, const data::Dataset& ds, const std::string& precision,
-                               const torch::Device& device, int64_t epoch, int64_t lo, int64_t hi, int64_t bs) {
-  torch::NoGradGuard no_grad;
-  auto acc = torch::zeros({3}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-  for (int64_t start = lo; start < hi; start += bs) {
-    std::vector<int64_t> idx;
-    for (int64_t i = start; i < std::min(hi, start + bs); ++i) idx.push_back(i);
-    auto batch = ds.get(idx, epoch);
-    auto input = batch.input.to(device), target = batch.target.to(device);
-    torch::Tensor logits;
-    {
-      AutocastGuard ac(precision, device.type());
-      logits = model.forward_with(input, data::fields_on(batch, device));
-    }
-    auto flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
-    auto tgt = target.reshape({-1});
-    auto valid = tgt != models::kIgnoreIndex;
-    auto losses = torch::nn::functional::cross_entropy(
-        flat, tgt,
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(models::kIgnoreIndex).reduction(torch::kSum));
-    acc[0] += losses.to(torch::kDouble);
-    acc[1] += valid.sum().to(torch::kDouble);
-    acc[2] += (flat.argmax(-1).eq(tgt) & valid).sum().to(torch::kDouble);
-  }
-  return acc;
-}
-
-// Each rank evaluates its contiguous share of the eval samples; the sums are all-reduced, so
-// N ranks take about 1/N of the time and agree on one result (equal to one rank's up to the
-// order of the fp64 sums). Under a memory budget an out-of-memory error halves this rank's
-// evaluation batch and starts its share over (the sums do not depend on the batch size);
-// eval_batch_ keeps the batch that fitted for the next evaluation.
-std::optional<EvalResult> Trainer::evaluate(int64_t epoch) {
-  if (!parts_.eval) return std::nullopt;
-  const auto& t = cfg_.train;
-  // eval_max_batches counts batches of train.eval_batch, whatever batch an out-of-memory
-  // back-off runs with: the same samples are evaluated.
-  const int64_t size = parts_.eval->size();
-  const int64_t n = t.eval_max_batches > 0 ? std::min(size, t.eval_max_batches * t.eval_batch) : size;
-  const int64_t lo = n * rank_ / world_, hi = n * (rank_ + 1) / world_;
-  const auto t0 = Clock::now();
-  auto& model = *parts_.model;
-  if (world_ > 1) {
-    // Every share is evaluated with rank 0's buffers (BatchNorm's running statistics, which
-    // each rank updates from its own micro-batches): the result is that of the model rank 0
-    // checkpoints, as DDP's broadcast_buffers makes it. Training reads no running statistics,
-    // so the steps after are unchanged.
-    comm_.set_timeout(cfg_.comm.startup_timeout_s);  // shares may take unequal times (Note [Deadlines])
-    for (auto& b : model.buffers()) comm_.broadcast(b, 0);
-  }
-  model.eval();
-  torch::Tensor acc;
-  for (;;) {
-    try {
-      acc = eval_sums(model, *parts_.eval, cfg_.precision.mode, device_, epoch, lo, hi, eval_batch_);
-      break;
-    } catch (const c10::OutOfMemoryError& e) {
-      if (eval_batch_ == 1) {
-        model.train();
-        throw std::runtime_error("evaluation: out of memory with evaluation batch 1 (" + first_line(e) +
-                                 "); raise memory.budget");
-      }
-      log::warn("evaluation: out of memory with evaluation batch " + std::to_string(eval_batch_) +
-                "; retrying with " + std::to_string(eval_batch_ / 2));
-      eval_batch_ /= 2;
-    }
-  }
-  model.train();
-  if (world_ > 1) comm_.allreduce_sum(acc);
-  const auto totals = acc.cpu();
-  const double loss_sum = totals[0].item<double>(), count = totals[1].item<double>(),
-               correct = totals[2].item<double>();
-  EvalResult r;
-  r.shard_samples = hi - lo;
-  r.seconds = seconds_since(t0);
-  r.loss = count > 0 ? loss_sum / count : 0;
-  if (model.task() != models::Task::kCausalLM) r.accuracy = count > 0 ? correct / count : 0;
-  return r;
-}
-
-void Trainer::maybe_checkpoint(const StepResult& r) {
-  if (!schedule_.due(r.step, total_steps_, r.stop)) return;
-  generous_step_ = true;  // rank 0 may still be writing when the next step starts
-  if (ckpt_dir_.empty()) return;
-  const auto c0 = Clock::now();
-  // Sharded optimizer state is gathered to rank 0 by every rank (Note [Sharded checkpoints]).
-  // That state, and 8-bit moments dequantised, is built in host memory for the write: on a
-  // GPU outside the device's budget, so on the CPU, where the budget stands for a device's
-  // memory, outside it too (the tracking allocator's limit is lifted until the file is
-  // written; the process's peak RSS includes it).
-  auto* sharded = dynamic_cast<ShardedOptimizer*>(optimizer_.get());
-  struct LiftBudget {
-    MemoryMeter& meter;
-    int64_t budget;
-    ~LiftBudget() {
-      if (budget > 0) meter.set_budget(budget);
-    }
-  } lift{meter_, sharded && budget_ > 0 && !ctx_.on_cuda() ? budget_ : 0};
-  if (lift.budget > 0) meter_.set_budget(0);
-  std::optional<std::vector<checkpoint_io::NamedTensor>> gathered;
-  if (sharded && sharded->sharded()) gathered = sharded->full_state(named_parameters_of(*parts_.model), 0);
-  if (rank_ != 0) return;
-  const auto fault = hooks_->checkpoint_fault(r.step, rank_);
-  // Note [Checkpoints under a CPU budget]: the background writer's copy of the state
-  // (parameters + optimizer state) lives in the memory the budget limits on the CPU (on a
-  // GPU it is host memory, outside the budget); with a CPU budget the write is synchronous
-  // from the live tensors instead.
-  const bool copy = writer_->async() && fault == CheckpointFault::kNone && !(budget_ > 0 && !ctx_.on_cuda());
-  auto c = capture_state(cfg_, world_, *parts_.model, *optimizer_, *scaler_, r.step, steps_per_epoch_, copy,
-                         gathered ? &*gathered : nullptr);
-  if (fault != CheckpointFault::kNone) write_under_storage_fault(*writer_, c, fault == CheckpointFault::kKill, c0);
-  else if (!copy) writer_->write_now(c, c0);
-  else writer_->submit(std::move(c), c0);
-}
-
-void Trainer::record_step(const StepResult& r) {
-  const auto& t = cfg_.train;
-  if (!r.applied) {
-    if (r.nonfinite_loss) log::warn("step " + std::to_string(r.step) + ": non-finite loss, update skipped");
-    metrics_->event("skipped_step", {{"step", r.step},
-                                     {"reason", std::string(r.nonfinite_loss ? "non-finite loss" : "non-finite gradient")},
-                                     {"loss_scale", r.loss_scale},
-                                     {"new_loss_scale", scaler_->scale_value()}});
-  }
-  epoch_peak_ = std::max(epoch_peak_, r.peak_bytes);
-  epoch_act_peak_ = std::max(epoch_act_peak_, r.activation_bytes());
-  epoch_samples_ += t.global_batch;
-  summary_.peak_mem_bytes = std::max(summary_.peak_mem_bytes, r.peak_bytes);
-  const double sps = static_cast<double>(t.global_batch) / r.step_time_s;
-  MetricFields f = {{"step", r.step},
-                    {"epoch", r.epoch},
-                    {"loss", r.loss},
-                    {"lr", r.lr},
-                    {"loss_scale", r.loss_scale},
-                    {"samples_per_s", sps},
-                    {"step_time_s", r.step_time_s},
-                    {"data_time_s", r.data_time_s},
-                    {"comm_time_s", r.comm_time_s},
-                    {"comm_exposed_s", r.comm_exposed_s},
-                    {"comm_calls_in_microbatches", r.calls_in_microbatches},
-                    {"grad_allreduce_calls", r.grad_allreduce_calls},
-                    {"grad_buckets", static_cast<int64_t>(grad_sync_->num_buckets())},
-                    {"grad_reduce_scatter_calls", r.grad_reduce_scatter_calls},
-                    {"param_allgather_calls", r.param_allgather_calls},
-                    {"comm_bytes", r.comm_bytes},
-                    {"peak_mem_bytes", r.peak_bytes},
-                    {"peak_rss_bytes", peak_rss_bytes()},
-                    {"micro_batch", r.micro_batch},
-                    {"accumulation", r.accumulation},
-                    {"mem_params_bytes", param_bytes_},
-                    {"mem_grads_bytes", r.grad_bytes},
-                    {"mem_optimizer_bytes", r.optimizer_bytes},
-                    {"mem_comm_buffers_bytes", grad_sync_->buffer_bytes()},
-                    {"mem_other_bytes", r.other_bytes},
-                    {"mem_activations_bytes", r.activation_bytes()}};
-  if (r.tokens > 0) f.emplace_back("tokens_per_s", static_cast<double>(r.tokens * world_) / r.step_time_s);
-  metrics_->event("step", f);
-  progress_->update(r.step, r.loss, r.lr, sps);
-  summary_.final_loss = r.loss;
-  summary_.steps = r.step;
-}
-
-// The evaluation and the epoch event after the last step of an epoch (`step`, 0-based).
-void Trainer::end_epoch(int64_t epoch, int64_t step) {
-  generous_step_ = true;  // ranks may finish the evaluation apart
-  progress_->interrupt();
-  const double epoch_time = seconds_since(epoch_start_);
-  const auto ev = evaluate(epoch);
-  summary_.epochs = epoch + 1;
-  MetricFields ef = {{"epoch", epoch}, {"step", step + 1}};
-  std::ostringstream line;
-  line.precision(4);
-  line << std::fixed << "epoch " << epoch + 1 << ":";
-  if (ev) {
-    summary_.evaluated = true;
-    summary_.eval_loss = ev->loss;
-    summary_.eval_accuracy = ev->accuracy;
-    ef.emplace_back("eval_loss", ev->loss);
-    ef.emplace_back("eval_time_s", ev->seconds);
-    ef.emplace_back("eval_shard_samples", ev->shard_samples);
-    line << " eval loss " << ev->loss;
-    if (ev->accuracy >= 0) {
-      ef.emplace_back("eval_accuracy", ev->accuracy);
-      line << ", accuracy " << 100.0 * ev->accuracy << "%";
-    }
-    if (parts_.model->task() != models::Task::kClassify) {
-      ef.emplace_back("eval_perplexity", std::exp(ev->loss));
-      line << ", perplexity " << std::exp(ev->loss);
-    }
-  } else {
-    line << " no eval set";
-  }
-  const double sps = static_cast<double>(epoch_samples_) / epoch_time;
-  for (MetricFields::value_type kv : MetricFields{{"epoch_time_s", epoch_time},
-                                                 {"samples_per_s", sps},
-                                                 {"peak_mem_bytes", epoch_peak_},
-                                                 {"peak_rss_bytes", peak_rss_bytes()},
-                                                 {"mem_params_bytes", param_bytes_},
-                                                 {"mem_activations_bytes", epoch_act_peak_}})
-    ef.push_back(std::move(kv));
-  line.precision(1);
-  line << "; " << epoch_time << " s, " << sps << " samples/s, peak memory " << format_bytes(epoch_peak_)
-       << " (parameters " << format_bytes(param_bytes_) << ", activations " << format_bytes(epoch_act_peak_) << ")";
-  metrics_->event("epoch", ef);
-  log::info(line.str());
-  epoch_start_ = Clock::now();
-  epoch_peak_ = epoch_act_peak_ = epoch_samples_ = 0;
 }
 
 TrainSummary Trainer::run() {
@@ -808,7 +550,10 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   opt.out_dir = out_dir;
   opt.start = start;
   opt.hooks = hooks_from_env(comm.size());
-  Trainer trainer(cfg, make_components(cfg), ctx, comm, std::move(opt));
+  // Note [Setup agreement] (comm/src/agreement.cpp): a model or data error on one rank stops every rank.
+  const torch::Device device = ctx.on_cuda() ? torch::Device(torch::kCUDA, ctx.device_index) : torch::Device(torch::kCPU);
+  Components parts = comm::agreed_setup(comm, device, [&] { return make_components(cfg); });
+  Trainer trainer(cfg, std::move(parts), ctx, comm, std::move(opt));
   return trainer.run();
 }
 

@@ -23,17 +23,16 @@
 
 #include <torch/types.h>
 
+#include "leantrain/runtime/errors.h"
+
 namespace lt::checkpoint_io {
 
 inline constexpr int64_t kFormatVersion = 1;
 inline constexpr const char* kFormatName = "leantrain-checkpoint";
 
-/// An unreadable, damaged or mismatched checkpoint: the message names the file and what is
-/// wrong (every mismatching tensor, for a model mismatch).
-class CheckpointError : public std::runtime_error {
- public:
-  explicit CheckpointError(const std::string& what) : std::runtime_error(what) {}
-};
+/// An unreadable, damaged or mismatched checkpoint (declared in runtime/errors.h, beside the
+/// table that gives it exit code 2).
+using CheckpointError = ::lt::CheckpointError;
 
 struct NamedTensor {
   std::string name;

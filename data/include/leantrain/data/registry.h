@@ -40,9 +40,4 @@ DataSection resolve_data(const DataSection& section);
 /// training set's Dataset::fields() are a ConfigError.
 Datasets make_datasets(const DataSection& section, const InputContract& model);
 
-/// The built-in kinds' struct from a resolved section of one of them (kind and seed
-/// included), and back.
-DataConfig builtin_data_config(const DataSection& section);
-DataSection builtin_data_section(const DataConfig& cfg);
-
 }  // namespace lt::data

@@ -100,7 +100,7 @@ class FeedForwardImpl : public torch::nn::Module {
   /// backward] in transformer.cpp); the values and gradients are bitwise those of the plain
   /// expression.
   torch::Tensor forward(const torch::Tensor& x);
-  /// forward(x) where the caller only differentiates the output (a checkpoint's rerun of a
+  /// forward(x) where the caller only differentiates the output (a recomputed unit's rerun of a
   /// GPT block, whose MLP output feeds only the block's output: Note [A unit's last product
   /// is not rerun]): the same graph and bitwise the same gradients, but proj's product is not
   /// computed and the output holds zeros.

@@ -40,7 +40,7 @@ const char* task_name(Task task);
 class BlockImpl : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
-  /// forward(x) as a checkpoint's rerun runs it (recompute::in_backward's `rerun`): the same
+  /// forward(x) as a recomputed block's rerun runs it (recompute::in_backward's `rerun`): the same
   /// graph, so the same gradients, but the output's values may be left uncomputed, since the
   /// rerun only differentiates them (Note [A unit's last product is not rerun]). By default,
   /// forward(x).
@@ -54,8 +54,6 @@ using BlockRunner =
 /// The recompute layer's function type and policy (recompute/recompute.h), as models name them.
 using recompute::RecomputeFn;
 using recompute::RecomputePolicy;
-/// The former name, kept for callers.
-using CheckpointPolicy = RecomputePolicy;
 
 /// A region of a forward that is cheap to recompute but keeps large activations for backward
 /// (the attention core: its [B,H,T,T] scores and probabilities for a few FLOPs). The module
@@ -88,7 +86,7 @@ class Model : public torch::nn::Module {
   /// Language models override it so that the [B,T,V] logits never exist at once: in
   /// training, the head fused with its cross-entropy in chunks of tokens (Note [Fused LM
   /// loss] in recompute/src/lm_loss.cpp) unless set_fused_loss(false) or autocast is fp16; then, when
-  /// set_loss_chunk_tokens() asks for it, the head and cross-entropy in checkpointed chunks
+  /// set_loss_chunk_tokens() asks for it, the head and cross-entropy in recomputed chunks
   /// (Note [Chunked LM loss] in recompute/src/recompute.cpp); else the plain loss.
   virtual torch::Tensor forward_loss(const torch::Tensor& input, const torch::Tensor& target);
   /// forward / forward_loss with the named inputs a model's InputContract::fields lists
@@ -97,7 +95,7 @@ class Model : public torch::nn::Module {
   virtual torch::Tensor forward_with(const torch::Tensor& input, const TensorMap& fields);
   virtual torch::Tensor forward_loss_with(const torch::Tensor& input, const torch::Tensor& target,
                                           const TensorMap& fields);
-  /// Checkpointed chunks: 0: plain loss; n > 0: chunks of n tokens; -1: chunks sized so one
+  /// Recomputed chunks: 0: plain loss; n > 0: chunks of n tokens; -1: chunks sized so one
   /// chunk's fp32 logits take about 64 MiB. n > 0 also sets the fused loss's chunk.
   void set_loss_chunk_tokens(int64_t n) { loss_chunk_tokens_ = n; }
   /// The fused head + loss (on by default; off: the paths above, e.g. to compare with them).
@@ -126,7 +124,7 @@ class Model : public torch::nn::Module {
   ///    mark their attention cores). A model that marks none recomputes nothing under
   ///    selective: it trains as under none.
   /// A model with other units overrides it (ResNet: its stem and split residual blocks, Note
-  /// [ResNet checkpoint units] in resnet.cpp). Values and gradients are bitwise the same
+  /// [ResNet recompute units] in resnet.cpp). Values and gradients are bitwise the same
   /// under every policy; only the memory kept for backward and the time differ.
   virtual void apply_recompute(const RecomputePolicy& policy);
   /// The names given to mark_cheap, in marking order.
@@ -203,8 +201,8 @@ constexpr int64_t kIgnoreIndex = recompute::kIgnoreIndex;
 /// selective recomputes those — Megatron-LM's selective recompute; ResNet overrides it: full
 /// recomputes the stem and every block's residual branch and shortcut as separate units,
 /// selective the stem and the first stage's blocks the same way, every:K whole blocks, Note
-/// [ResNet checkpoint units] in resnet.cpp; MLP keeps the default, so selective recomputes
+/// [ResNet recompute units] in resnet.cpp; MLP keeps the default, so selective recomputes
 /// nothing there).
-void apply_checkpoint_policy(Model& model, const RecomputePolicy& policy);
+void apply_recompute_policy(Model& model, const RecomputePolicy& policy);
 
 }  // namespace lt::models

@@ -69,9 +69,8 @@ std::shared_ptr<Model> build_model(const ModelSection& section);
 AttentionMemory attention_memory(const ModelSection& section, const c10::Device& device, c10::ScalarType dtype,
                                  const RecomputePolicy& policy);
 
-/// The built-in kinds' struct from a resolved section of one of them, and back (the options
-/// of cfg.kind's table). For tests and tools that speak ModelConfig.
-ModelConfig builtin_model_config(const ModelSection& section);
+/// The section of a built-in kind's struct (the options of cfg.kind's table). For tests and
+/// tools that speak ModelConfig.
 ModelSection builtin_model_section(const ModelConfig& cfg);
 /// The contract of a built-in model config.
 InputContract model_contract(const ModelConfig& cfg);

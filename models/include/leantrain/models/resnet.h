@@ -46,8 +46,8 @@ class DownsampleImpl : public torch::nn::Module {
   recompute::HeadMatmul conv_products = recompute::HeadMatmul::kAuto;  // precision.conv_products
 };
 
-/// A residual block whose residual branch and shortcut can be checkpointed as two units with
-/// the sum and final ReLU outside them (Note [ResNet checkpoint units] in resnet.cpp).
+/// A residual block whose residual branch and shortcut can be recomputed as two units with
+/// the sum and final ReLU outside them (Note [ResNet recompute units] in resnet.cpp).
 class ResidualBlockImpl : public BlockImpl {
  public:
   torch::Tensor forward(const torch::Tensor& x) override;
@@ -62,14 +62,14 @@ class ResidualBlockImpl : public BlockImpl {
   virtual torch::nn::BatchNorm2dImpl& last_bn() = 0;
   /// The modules branch() runs (their parameters and buffers are the unit's).
   virtual std::vector<torch::nn::Module*> branch_modules() = 0;
-  /// On: in training with autograd, branch and shortcut are checkpointed units of their own.
+  /// On: in training with autograd, branch and shortcut are recomputed units of their own.
   /// `packed`: the units keep the block input packed and the final ReLU keeps bits (Note
   /// [Packed block inputs]); otherwise they keep it whole, as the ReLU's saved output.
-  void set_split_checkpoint(bool on, bool packed = false) {
-    split_checkpoint_ = on;
+  void set_split_recompute(bool on, bool packed = false) {
+    split_recompute_ = on;
     packed_input_ = on && packed;
   }
-  bool split_checkpoint() const { return split_checkpoint_; }
+  bool split_recompute() const { return split_recompute_; }
   bool packed_input() const { return packed_input_; }
   /// model.bn_relu = "fused": the branch's BatchNorm + ReLU pairs through bn_relu (batch_norm_relu.h).
   void set_fused_bn_relu(bool on) { fused_bn_relu_ = on; }
@@ -86,7 +86,7 @@ class ResidualBlockImpl : public BlockImpl {
   recompute::HeadMatmul conv_products_ = recompute::HeadMatmul::kAuto;
 
  private:
-  bool split_checkpoint_ = false;
+  bool split_recompute_ = false;
   bool packed_input_ = false;
 };
 
@@ -140,9 +140,9 @@ class ResNetStemImpl : public torch::nn::Module {
 /// What ResNet::forward recomputes in backward (training with autograd on), installed by
 /// apply_recompute: the stem as one unit, and block ranges [begin, end) each as one
 /// unit, and blocks whose branch and shortcut are units of their own (split; the sum and
-/// ReLU stay outside) (Note [ResNet checkpoint units] in resnet.cpp). Blocks
+/// ReLU stay outside) (Note [ResNet recompute units] in resnet.cpp). Blocks
 /// in no segment go through the block runner.
-struct ResNetCheckpointUnits {
+struct ResNetRecomputeUnits {
   bool stem = false;
   std::vector<std::pair<size_t, size_t>> segments;  // sorted, disjoint, non-empty
   std::vector<size_t> split;                         // blocks in no segment
@@ -154,7 +154,7 @@ class ResNet : public Model {
   explicit ResNet(const lt::models::ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& input) override;
   Task task() const override { return Task::kClassify; }
-  /// Its own units (Note [ResNet checkpoint units] in resnet.cpp): full recomputes the stem
+  /// Its own units (Note [ResNet recompute units] in resnet.cpp): full recomputes the stem
   /// and every block's residual branch and shortcut as separate units, keeping block inputs
   /// packed; selective the stem and the first stage's blocks the same way, unpacked; none and
   /// every:K are the default's (every:K: whole blocks 0, K, 2K, ...).
@@ -165,15 +165,15 @@ class ResNet : public Model {
 
   /// Blocks per stage (resnet_layout's first element).
   const std::vector<int64_t>& stage_blocks() const { return stage_blocks_; }
-  void set_checkpoint_units(ResNetCheckpointUnits units);
-  const ResNetCheckpointUnits& checkpoint_units() const { return units_; }
+  void set_recompute_units(ResNetRecomputeUnits units);
+  const ResNetRecomputeUnits& recompute_units() const { return units_; }
 
   std::shared_ptr<ResNetStemImpl> stem;
   torch::nn::Linear fc{nullptr};
 
  private:
   std::vector<int64_t> stage_blocks_;
-  ResNetCheckpointUnits units_;
+  ResNetRecomputeUnits units_;
   bool channels_last_ = false;
 };
 

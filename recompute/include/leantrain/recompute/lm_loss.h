@@ -53,7 +53,7 @@ torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torc
 
 /// Whether the fused loss is used for a training forward on `device` right now: grad mode
 /// on and autocast not in fp16 (fp16's gradients computed before the loss scale is applied
-/// could underflow; fp16 keeps the plain or checkpointed-chunk loss).
+/// could underflow; fp16 keeps the plain or recomputed-chunk loss).
 bool fused_lm_loss_applies(c10::DeviceType device);
 
 /// Rows per chunk so that one chunk's fp32 logits take about 64 MiB (at least 64): the

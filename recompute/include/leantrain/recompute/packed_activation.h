@@ -1,7 +1,7 @@
 #pragma once
 // Lossless compact storage for tensors with many exact zeros (ReLU outputs), and a ReLU
 // that keeps one bit per element for its backward instead of its output. Together they let
-// a checkpointed ResNet keep its block inputs at a fraction of their size (Note [Packed
+// a recomputed ResNet keep its block inputs at a fraction of their size (Note [Packed
 // block inputs] in packed_activation.cpp).
 #include <cstdint>
 #include <vector>

@@ -2,7 +2,7 @@
 // The recompute layer, below the models: activation recompute for LibTorch C++, which has no
 // torch.utils.checkpoint (pytorch issue #52744). A function runs without keeping its
 // intermediate activations and is recomputed in backward (in_backward; Note [Activation
-// checkpoint recompute] in recompute.cpp), with the pieces that make that cheap: dropout masks
+// recompute] in recompute.cpp), with the pieces that make that cheap: dropout masks
 // kept as bits, packed block inputs (packed_activation.h), chunked and fused LM losses
 // (lm_loss.h), and the memory.recompute policy. Nothing here knows a model: models/ says what
 // to recompute (Model::apply_recompute). In leantrain's names "checkpoint" means a state file.
@@ -31,8 +31,8 @@ using RecomputeFn = std::function<torch::Tensor(const std::vector<torch::Tensor>
 /// buffers (BatchNorm running statistics) restored after the rerun, so they are updated once.
 /// Outside grad mode it is just fn(inputs). When the backward that differentiates it is a
 /// plain backward(), the parameters' gradients are added to their .grad as soon as the rerun
-/// computes them (Note [Rerun gradients]): pass each parameter to one checkpoint, or the
-/// order of that addition can differ from the uncheckpointed graph's by rounding.
+/// computes them (Note [Rerun gradients]): pass each parameter to one recomputed function, or
+/// the order of that addition can differ from the plain graph's by rounding.
 torch::Tensor in_backward(RecomputeFn fn, const std::vector<torch::Tensor>& inputs,
                          const std::vector<torch::Tensor>& params,
                          torch::nn::Module* buffers_of = nullptr);
@@ -58,7 +58,7 @@ struct ConvUnit {
   // convolutions, so the unit computes what the plain block computes.
   HeadMatmul conv_products = HeadMatmul::kAutocast;
 };
-/// A ConvUnit, checkpointed, with x kept packed (`packed` = pack_tensor(x)) instead of whole
+/// A ConvUnit, recomputed in backward, with x kept packed (`packed` = pack_tensor(x)) instead of whole
 /// (Note [Packed block inputs]): the rerun rebuilds x only inside first's forward, and
 /// first's backward rebuilds it again (Note [Packed input kept through the rerun]); the rerun
 /// does not compute last's output (Note [A unit's last BatchNorm is not rerun]). Units that
@@ -66,25 +66,25 @@ struct ConvUnit {
 torch::Tensor in_backward(const ConvUnit& unit, const torch::Tensor& x, const PackedTensor& packed,
                          const std::vector<torch::Tensor>& params, const std::vector<torch::nn::Module*>& buffers_of);
 
-/// Whether this thread is running a checkpointed function's rerun in backward: what that rerun
+/// Whether this thread is running a recomputed function's rerun in backward: what that rerun
 /// builds lives only until its own backward, right after, so memory-saving tricks inside it
 /// (GeluLinear's, Note [GELU recomputed in the MLP's backward]) buy nothing there.
 bool rerunning();
 
-/// torch::dropout(x, p, train), bitwise, except inside a checkpointed function on the CPU:
+/// torch::dropout(x, p, train), bitwise, except inside a recomputed function on the CPU:
 /// there the mask is kept as one bit per element, and the rerun applies it instead of
 /// drawing it again (Note [Dropout masks kept as bits]).
 torch::Tensor dropout(const torch::Tensor& x, double p, bool train);
 
 /// Mean cross-entropy of head(hidden) against target (ignore_index -100), computed in
-/// checkpointed chunks of `chunk_tokens` tokens: only one chunk's logits exist at a time,
+/// recomputed chunks of `chunk_tokens` tokens: only one chunk's logits exist at a time,
 /// in forward and in backward. `params` are the head's parameters.
 torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& target,
                               const std::vector<torch::Tensor>& params,
                               const std::function<torch::Tensor(const torch::Tensor&)>& head,
                               int64_t chunk_tokens);
 
-/// A recompute policy parsed from memory.recompute (alias memory.activation_checkpoint).
+/// A recompute policy parsed from memory.recompute.
 struct RecomputePolicy {
   enum class Kind { kNone, kFull, kEvery, kSelective } kind = Kind::kNone;
   int64_t every = 1;  // kEvery: recompute blocks 0, K, 2K, ...
@@ -96,7 +96,7 @@ struct RecomputePolicy {
   /// `count` whole: full: every block but the last; every:K: index % K == 0, the last
   /// excepted; none and selective: none (selective recomputes only the regions a model marks
   /// cheap). Note [The last block is not recomputed] in recompute.cpp.
-  bool checkpoints_block(size_t index, size_t count) const;
+  bool recomputes_block(size_t index, size_t count) const;
   std::string to_string() const;
 };
 }  // namespace lt::recompute

@@ -8,19 +8,17 @@
 // Every output appears at once: the files are written into `<out>.tmp-XXXXXX` beside the
 // output folder and renamed into place when gnuplot has drawn every plot, so a failed or
 // interrupted report leaves the previous report (if any) and no half-written folder.
-#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "leantrain/runtime/errors.h"
 
 namespace lt::report {
 
 /// Bad input (missing run folder or file, a malformed line, a missing field) or gnuplot
 /// missing: the command line exits 2 with this message (one line, naming the file and line
-/// or the Debian package to install).
-class ReportError : public std::runtime_error {
- public:
-  explicit ReportError(const std::string& what) : std::runtime_error(what) {}
-};
+/// or the Debian package to install). Declared in runtime/errors.h, beside the table.
+using ReportError = ::lt::ReportError;
 
 struct Options {
   /// gnuplot to run (found on PATH when it has no '/'); the environment variable

@@ -72,9 +72,8 @@ struct PrecisionConfig {
 
 struct MemoryConfig {
   // Activation recompute: none | full | every:K | selective | auto. Read from memory.recompute
-  // (preferred) or memory.activation_checkpoint (the earlier spelling); config.json writes
-  // it as activation_checkpoint.
-  std::string activation_checkpoint = "none";
+  // or its deprecated alias (runtime/src/config.cpp); config.json writes it as recompute.
+  std::string recompute = "none";
   std::string budget = "0";                    // bytes, e.g. "8GiB"; "0" = no budget
   // Model-state memory across ranks (ZeRO): none | optimizer (stage 1: optimizer state
   // sharded) | gradients (stage 2: gradients and optimizer state sharded).
@@ -119,13 +118,17 @@ struct Config {
   CheckpointConfig checkpoint;
   CommConfig comm;
   LogConfig log;
+  // What parse_config noticed but accepted, one line each, naming the source (a deprecated
+  // key spelling). For the caller to print; not a setting, so config_to_json leaves it out.
+  std::vector<std::string> warnings;
 };
 
 /// Parses a TOML document, then applies `key=value` overrides (value in TOML syntax; a bare
 /// word is taken as a string). Throws ConfigError naming the key on an unknown key, a wrong
 /// type or a malformed file. [model] and [data] keys other than kind / seed / limit are kept
 /// as given, for their kind to check (trainers::resolve_components). Does not check values:
-/// call validate() for that.
+/// call validate() for that. A deprecated spelling of a key is read as the key and adds a
+/// line to Config::warnings.
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
 /// Reads `path` and parses it (see parse_config); a missing file is a ConfigError.

@@ -9,6 +9,8 @@
 
 namespace lt {
 
+class Options;
+
 struct InputContract {
   enum class Input { kTokens, kImages };
   enum class Target { kClassLabels, kNextToken, kMaskedTokens };
@@ -28,12 +30,20 @@ struct InputContract {
   /// fixed by the model (the message then names no key to change).
   std::string seq_len_key, vocab_size_key, channels_key, size_key, num_classes_key;
 
+  /// Images [B, channels, size, size] -> labels of `classes` classes, each size read from the
+  /// model's resolved options under the given option key (an integer option of its table), and
+  /// named in messages as model.<key>. A kind registers its contract in one line:
+  ///   kind.contract = [](const Options& o) { return InputContract::images(o, "channels", "image", "classes"); };
+  static InputContract images(const Options& model, const std::string& channels_key, const std::string& size_key,
+                              const std::string& classes_key);
+  /// Tokens [B, seq_len] with ids < vocab_size -> `target` (next-token or masked-token) targets,
+  /// read from the model's options as images() does.
+  static InputContract tokens(const Options& model, const std::string& seq_len_key, const std::string& vocab_size_key,
+                              Target target = Target::kNextToken);
+
   /// One line, e.g. "tokens [B,128] with ids < 256, next-token targets" or
   /// "images [B,1,28,28], labels of 10 classes".
   std::string describe() const;
 };
-
-/// "classify" | "causal_lm" | "masked_lm" (the metric names of a model's task).
-const char* target_name(InputContract::Target t);
 
 }  // namespace lt

@@ -13,8 +13,6 @@ struct World {
   int local_size = 1;
   std::string launcher = "none";  // none | openmpi | slurm
   std::string host;
-
-  bool is_root() const { return rank == 0; }
 };
 
 /// Reads OMPI_COMM_WORLD_* first, then SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, else a

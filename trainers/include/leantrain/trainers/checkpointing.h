@@ -39,7 +39,7 @@ std::vector<checkpoint_io::NamedTensor> model_tensors(torch::nn::Module& model);
 /// Everything exact resume needs after `step` optimizer steps. `copy` clones every tensor
 /// (for the background writer); otherwise the checkpoint aliases the live tensors.
 /// `gathered`: the optimizer state already gathered from the ranks (a sharded
-/// ShardedOptimizer's full_state(), a collective the caller ran on every rank).
+/// optim::ShardedOptimizer's full_state(), a collective the caller ran on every rank).
 checkpoint_io::Checkpoint capture_state(const Config& cfg, int world, torch::nn::Module& model,
                                         torch::optim::Optimizer& optimizer, const LossScaler& scaler,
                                         int64_t step, int64_t steps_per_epoch, bool copy,
@@ -92,12 +92,5 @@ class CheckpointWriter {
   std::thread thread_;
   std::exception_ptr error_;
 };
-
-/// Preemption: SIGTERM and SIGUSR1 set a flag the training loop reads once per optimizer
-/// step (all ranks agree through the step's loss all-reduce), then it checkpoints and stops.
-void install_preemption_handlers();
-bool preemption_requested();
-int preemption_signal();
-void clear_preemption();
 
 }  // namespace lt::trainers

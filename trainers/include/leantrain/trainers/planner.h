@@ -122,7 +122,7 @@ std::string plan_table(const Plan& plan);
 /// plan.json: budget, margin, the choice (with the --set lines that reproduce it), every
 /// candidate and every fit.
 std::string plan_to_json(const Plan& plan);
-/// The --set overrides of the choice (precision.mode, memory.activation_checkpoint,
+/// The --set overrides of the choice (precision.mode, memory.recompute,
 /// train.micro_batch, train.global_batch, memory.shard, memory.optimizer_state, memory.budget).
 std::vector<std::string> plan_overrides(const Plan& plan);
 /// The `plan` metrics event: budget, margin, the choice and its predicted/measured numbers.

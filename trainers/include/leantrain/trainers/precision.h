@@ -10,13 +10,16 @@
 
 #include "leantrain/comm/communicator.h"
 #include "leantrain/runtime/config.h"
+#include "leantrain/runtime/precision.h"
 
 namespace lt::trainers {
 
-/// Enables autocast for `mode` (bf16 | fp16; fp32 does nothing) on one device type for its
+/// Enables autocast for `precision` (bf16 | fp16; fp32 does nothing) on one device type for its
 /// lifetime, restoring the previous state after. The dtype is set before enabling.
 class AutocastGuard {
  public:
+  AutocastGuard(Precision precision, c10::DeviceType device);
+  /// precision.mode's text (parse_precision: ConfigError for another).
   AutocastGuard(const std::string& mode, c10::DeviceType device);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
@@ -30,6 +33,7 @@ class AutocastGuard {
 
 /// Throws ConfigError naming precision.mode when `device` cannot run the mode's matmuls
 /// (fp16 on some CPUs / LibTorch builds) — said at startup, not mid-run.
+void check_precision_supported(Precision precision, const torch::Device& device);
 void check_precision_supported(const std::string& mode, const torch::Device& device);
 
 /// A C++ port of torch.amp.GradScaler's semantics (init 2^16, growth 2.0, backoff 0.5,

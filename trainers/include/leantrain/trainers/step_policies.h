@@ -25,7 +25,6 @@ class NonfinitePolicy {
   /// when the update must be skipped; throws lt::TrainingStopped (naming `checkpoint_dir`,
   /// whose checkpoints stay intact) when the run must stop.
   bool skip_update(int64_t step, double loss, const std::string& checkpoint_dir);
-  int64_t in_a_row() const { return in_a_row_; }
 
  private:
   std::string mode_;

@@ -24,8 +24,10 @@
 #include "leantrain/models/model.h"
 #include "leantrain/runtime/config.h"
 #include "leantrain/runtime/memory_meter.h"
+#include "leantrain/runtime/precision.h"
 #include "leantrain/runtime/runtime_context.h"
 #include "leantrain/trainers/checkpointing.h"
+#include "leantrain/trainers/components.h"
 #include "leantrain/trainers/hooks.h"
 #include "leantrain/trainers/metrics.h"
 #include "leantrain/trainers/precision.h"
@@ -33,36 +35,6 @@
 #include "leantrain/trainers/step_policies.h"
 
 namespace lt::trainers {
-
-/// What a Trainer trains: a model and its data. `eval` may be null (no evaluation).
-struct Components {
-  std::shared_ptr<models::Model> model;
-  std::shared_ptr<data::Dataset> train;
-  std::shared_ptr<data::Dataset> eval;
-  std::string name = "model";  // the model's name in the run log
-};
-
-/// The config with [model] and [data] resolved through the registries (models/registry.h,
-/// data/registry.h): each kind named (the registry's default for an empty kind) and its
-/// options checked against the kind's table, defaults filled in. ConfigError naming the key.
-/// The CLI resolves before it writes config.json, so the file records every option.
-Config resolve_components(const Config& cfg);
-
-/// Every registered model kind's and data kind's options as Markdown sections
-/// (lt::options_markdown), model kinds first, each in registration order: what
-/// `leantrain options` prints and docs/CONFIG.md holds for the built-in kinds.
-std::string registered_options_markdown();
-
-/// The checks of the config keys the components own (resolve_components,
-/// models::RecomputePolicy::parse), without building anything: a bad value fails before any
-/// data is read. ConfigError naming the key.
-void check_component_config(const Config& cfg);
-
-/// The registered model and datasets a config names, the data built to the model's input
-/// contract, seeded with data.seed (so every rank builds the same initial weights). Components of your own: build them after
-/// make_runtime_context(), which installs the CPU memory tracker; tensors allocated before it
-/// are not counted in peaks and budgets.
-Components make_components(const Config& cfg);
 
 /// How a Trainer runs besides its config.
 struct TrainerOptions {
@@ -153,16 +125,20 @@ class Trainer {
   int64_t accumulation() const { return accum_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t total_steps() const { return total_steps_; }
-  int64_t start_step() const { return start_step_; }
-  int64_t parameter_bytes() const { return param_bytes_; }
 
  private:
   struct MicroBatches;
+  class StepTelemetry;
   void check_budget();
   void start_from(const StartOptions& start);
   void open_outputs();
   void log_start() const;
+  void set_step_deadline();
+  double set_learning_rate(int64_t step);
+  void zero_gradients();
   MicroBatches run_micro_batches(int64_t step, const std::vector<int64_t>& perm, int attempt);
+  void reduce_gradients(const MicroBatches& mb);
+  int64_t agree_on_step(const MicroBatches& mb, StepResult& r);
   void want_next_micro_batch(int64_t step, const std::vector<int64_t>& perm, int64_t j);
   void back_off(int64_t step, bool oom_here, const std::string& what, int64_t ranks_oom);
   void record_step(const StepResult& r);
@@ -176,6 +152,7 @@ class Trainer {
   TrainerOptions opt_;
   std::shared_ptr<TrainerHooks> hooks_;
   torch::Device device_;
+  Precision precision_;  // precision.mode
   MemoryMeter meter_;
   std::unique_ptr<data::Prefetcher> prefetch_;  // the training set's next micro-batch (Note [Prefetch])
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -202,8 +179,9 @@ class Trainer {
   TrainSummary summary_;
 };
 
-/// The command line's entry: the built-in components of `cfg`, the hooks of the environment
-/// (LEANTRAIN_FAULT, LEANTRAIN_BENCH_TURNS), a Trainer writing to `out_dir`, run().
+/// The command line's entry: the registered components of `cfg`, built on every rank and agreed
+/// on (comm::agreed_setup: an error on one rank stops them all with its code), the hooks of the
+/// environment (LEANTRAIN_FAULT, LEANTRAIN_BENCH_TURNS), a Trainer writing to `out_dir`, run().
 TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Communicator& comm,
                           const std::string& out_dir, const StartOptions& start = {});
 

@@ -8,7 +8,7 @@
 
 #include <torch/types.h>
 
-namespace lt::trainers {
+namespace lt::optim {
 
 /// Block-wise dynamic 8-bit quantisation (bitsandbytes' "dynamic" data type with a per-block
 /// absmax scale): `codes` uint8 [numel], `absmax` float32 [ceil(numel / kQuantBlock)], on the
@@ -61,4 +61,4 @@ void adamw_step_8bit(torch::Tensor param, const torch::Tensor& grad, Quantized8&
                      double eps, const std::optional<at::Tensor>& grad_scale, int64_t chunk_elems = 1 << 16,
                      Quant8Path path = Quant8Path::kAuto);
 
-}  // namespace lt::trainers
+}  // namespace lt::optim

@@ -1,4 +1,4 @@
-#include "leantrain/trainers/quantized_state.h"
+#include "leantrain/optim/quantized_state.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-namespace lt::trainers {
+namespace lt::optim {
 
 // Note [8-bit optimizer state]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -368,4 +368,4 @@ void adamw_step_8bit(torch::Tensor param, const torch::Tensor& grad, Quantized8&
   });
 }
 
-}  // namespace lt::trainers
+}  // namespace lt::optim

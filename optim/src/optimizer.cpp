@@ -1,6 +1,6 @@
-#include "leantrain/trainers/optimizer.h"
-#include "leantrain/trainers/quantized_state.h"
-#include "leantrain/trainers/sharded_optimizer.h"
+#include "leantrain/optim/optimizer.h"
+#include "leantrain/optim/quantized_state.h"
+#include "leantrain/optim/sharded_optimizer.h"
 
 #include <torch/torch.h>
 
@@ -9,78 +9,7 @@
 #include <map>
 #include <optional>
 
-namespace lt::trainers {
-
-// Note [Chunked AdamW]
-// LibTorch's AdamW::step computes the denominator of each parameter's update as
-// `(exp_avg_sq.sqrt() / sqrt(bias_correction2)).add_(eps)`: two temporaries the size of the
-// parameter, alive together. For a GPT the largest parameter is the token embedding (50257 x
-// 768 = 154 MB in fp32), so the update adds ~310 MB to the step's peak, and with short
-// sequences that is the step's peak. This step runs the same element-wise operations in the
-// same order on contiguous chunks of at most kChunk elements, so its results are bitwise those
-// of torch::optim::AdamW (tested) and its temporaries are 2 x 1 MiB; each chunk's five
-// tensors also stay in the cache between the operations. amsgrad (leantrain never sets it)
-// and non-contiguous parameters take LibTorch's path.
-namespace {
-constexpr int64_t kChunk = int64_t{1} << 18;  // elements (1 MiB of fp32)
-}
-
-torch::Tensor ChunkedAdamW::step(LossClosure closure) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor loss = {};
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  for (auto& group : param_groups_) {
-    auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
-    if (options.amsgrad()) throw std::logic_error("ChunkedAdamW: amsgrad is not supported");
-  }
-  for (auto& group : param_groups_) {
-    auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      const auto& grad = p.grad();
-      TORCH_CHECK(!grad.is_sparse(), "ChunkedAdamW does not support sparse gradients");
-      // Perform stepweight decay
-      if (options.weight_decay() != 0) p.mul_(1 - options.lr() * options.weight_decay());
-      auto it = state_.find(p.unsafeGetTensorImpl());
-      if (it == state_.end()) {
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->step(0);
-        s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        it = state_.emplace(p.unsafeGetTensorImpl(), std::move(s)).first;
-      }
-      auto& state = static_cast<torch::optim::AdamWParamState&>(*it->second);
-      auto& exp_avg = state.exp_avg();
-      auto& exp_avg_sq = state.exp_avg_sq();
-      state.step(state.step() + 1);
-      const auto [beta1, beta2] = options.betas();
-      const double bias_correction1 = 1 - std::pow(beta1, state.step());
-      const double bias_correction2 = 1 - std::pow(beta2, state.step());
-      const double step_size = options.lr() / bias_correction1;
-      auto update = [&](torch::Tensor w, const torch::Tensor& g, torch::Tensor m, torch::Tensor v) {
-        m.mul_(beta1).add_(g, 1 - beta1);
-        v.mul_(beta2).addcmul_(g, g, 1 - beta2);
-        const auto denom = (v.sqrt() / std::sqrt(bias_correction2)).add_(options.eps());
-        w.addcdiv_(m, denom, -step_size);
-      };
-      const bool flat = p.is_contiguous() && grad.is_contiguous() && exp_avg.is_contiguous() &&
-                        exp_avg_sq.is_contiguous();
-      if (!flat || p.numel() <= kChunk) {
-        update(p, grad, exp_avg, exp_avg_sq);
-        continue;
-      }
-      auto w = p.view(-1), g = grad.view(-1), m = exp_avg.view(-1), v = exp_avg_sq.view(-1);
-      for (int64_t at = 0; at < w.numel(); at += kChunk) {
-        const int64_t n = std::min(kChunk, w.numel() - at);
-        update(w.narrow(0, at, n), g.narrow(0, at, n), m.narrow(0, at, n), v.narrow(0, at, n));
-      }
-    }
-  }
-  return loss;
-}
+namespace lt::optim {
 
 namespace {
 // The loss of an optimizer's closure, evaluated with gradients on (none without a closure).
@@ -277,4 +206,4 @@ int64_t optimizer_state_allocated_bytes(torch::optim::Optimizer& optimizer) {
   return bytes;
 }
 
-}  // namespace lt::trainers
+}  // namespace lt::optim

@@ -1,4 +1,4 @@
-#include "leantrain/trainers/sharded_optimizer.h"
+#include "leantrain/optim/sharded_optimizer.h"
 
 #include <torch/torch.h>
 
@@ -7,7 +7,7 @@
 
 #include "leantrain/runtime/errors.h"
 
-namespace lt::trainers {
+namespace lt::optim {
 
 using checkpoint_io::CheckpointError;
 using checkpoint_io::NamedTensor;
@@ -318,4 +318,4 @@ std::unique_ptr<torch::optim::Optimizer> make_run_optimizer(const Config& cfg, t
   return std::make_unique<ShardedOptimizer>(cfg.train, model, sync, comm, int8);
 }
 
-}  // namespace lt::trainers
+}  // namespace lt::optim

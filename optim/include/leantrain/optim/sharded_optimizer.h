@@ -19,10 +19,10 @@
 #include "leantrain/comm/communicator.h"
 #include "leantrain/comm/grad_sync.h"
 #include "leantrain/runtime/config.h"
-#include "leantrain/trainers/optimizer.h"
-#include "leantrain/trainers/quantized_state.h"
+#include "leantrain/optim/optimizer.h"
+#include "leantrain/optim/quantized_state.h"
 
-namespace lt::trainers {
+namespace lt::optim {
 
 class ShardedOptimizer : public torch::optim::Optimizer, public ScaledStep {
  public:
@@ -72,4 +72,4 @@ class ShardedOptimizer : public torch::optim::Optimizer, public ScaledStep {
 std::unique_ptr<torch::optim::Optimizer> make_run_optimizer(const Config& cfg, torch::nn::Module& model,
                                                             comm::GradientSync& sync, comm::Communicator& comm);
 
-}  // namespace lt::trainers
+}  // namespace lt::optim

@@ -1,6 +1,6 @@
 #pragma once
 // The optimizer of a run (train.optimizer), shared by the training loop and the planner's
-// probes, and the state it will allocate.
+// probes, and the state it will allocate (leantrain::optim: docs/ARCHITECTURE.md).
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -12,22 +12,8 @@
 
 #include "leantrain/runtime/config.h"
 
-namespace lt::trainers {
+namespace lt::optim {
 
-/// torch::optim::AdamW whose step() gives bitwise the same results with temporaries of at
-/// most 1 MiB instead of two the size of the largest parameter (Note [Chunked AdamW]).
-class ChunkedAdamW : public torch::optim::AdamW {
- public:
-  using torch::optim::AdamW::AdamW;
-  torch::Tensor step(LossClosure closure = nullptr) override;
-};
-
-/// AdamW through ATen's fused kernel, at::_fused_adamw_ (what torch.optim.AdamW(fused=True)
-/// runs, on CPU and CUDA): one pass per parameter reads the gradient and updates the weight and
-/// both moments, with no temporaries. The state is torch::optim::AdamWParamState (step,
-/// exp_avg, exp_avg_sq), so checkpoints and resume are those of torch::optim::AdamW. Results
-/// agree with torch.optim.AdamW(fused=True) within float rounding (Note [Fused update],
-/// tests/unit/test_optimizer.cpp). amsgrad is refused.
 /// An optimizer whose update can divide the gradients by a scale inside its kernel.
 class ScaledStep {
  public:
@@ -43,6 +29,12 @@ class ScaledStep {
   virtual bool sharded() const { return false; }
 };
 
+/// AdamW through ATen's fused kernel, at::_fused_adamw_ (what torch.optim.AdamW(fused=True)
+/// runs, on CPU and CUDA): one pass per parameter reads the gradient and updates the weight and
+/// both moments, with no temporaries. The state is torch::optim::AdamWParamState (step,
+/// exp_avg, exp_avg_sq), so checkpoints and resume are those of torch::optim::AdamW. Results
+/// agree with torch.optim.AdamW(fused=True) within float rounding (Note [Fused update],
+/// tests/unit/test_optimizer.cpp). amsgrad is refused.
 class FusedAdamW : public torch::optim::AdamW, public ScaledStep {
  public:
   using torch::optim::AdamW::AdamW;
@@ -93,4 +85,4 @@ std::vector<int64_t> parameter_numels(torch::nn::Module& model);
 /// before the first update.
 int64_t optimizer_state_allocated_bytes(torch::optim::Optimizer& optimizer);
 
-}  // namespace lt::trainers
+}  // namespace lt::optim

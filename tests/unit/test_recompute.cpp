@@ -1,6 +1,8 @@
-// Activation recompute: gradients equal the plain ones bitwise in fp32 with dropout,
-// within bf16 tolerance under autocast, BatchNorm statistics move once, custom autograd
-// functions inside a block survive recomputation, and memory falls in the expected order.
+// Activation recompute (recompute/, Model::apply_recompute): gradients equal the plain ones
+// bitwise in fp32 with dropout, within bf16 tolerance under autocast, BatchNorm statistics
+// move once, custom autograd functions inside a block survive recomputation, and memory falls
+// in the expected order. Also the recompute layer's LM losses (LmLoss.*) and convolution
+// products (ConvProducts.*).
 #include <gtest/gtest.h>
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -21,7 +23,7 @@
 
 namespace {
 
-using lt::models::CheckpointPolicy;
+using lt::models::RecomputePolicy;
 
 lt::models::ModelConfig tiny(const std::string& kind_name) {
   // "resnet_bottleneck": ResNet-50's shape (imagenet stem with max-pool, bottleneck blocks,
@@ -82,7 +84,7 @@ Run run(const lt::models::ModelConfig& c, const std::string& policy, const std::
   auto model = lt::models::build_model(c);
   model->train();
   model->set_conv_products(conv_products);
-  lt::models::apply_checkpoint_policy(*model, CheckpointPolicy::parse(policy));
+  lt::models::apply_recompute_policy(*model, RecomputePolicy::parse(policy));
   auto [x, y] = batch_for(c);
   torch::manual_seed(99);  // the dropout stream
   auto loss_of = [&, &y = y](const torch::Tensor& input) {
@@ -117,12 +119,12 @@ Run run(const lt::models::ModelConfig& c, const std::string& policy, const std::
   return r;
 }
 
-// The checkpointed run's loss, gradients and buffers are the plain run's, bitwise.
-void expect_bitwise_equal(const Run& plain, const Run& ck) {
-  EXPECT_EQ(plain.loss, ck.loss);
-  ASSERT_EQ(plain.grads.size(), ck.grads.size());
-  for (auto& [name, g] : plain.grads) EXPECT_TRUE(torch::equal(g, ck.grads.at(name))) << name;
-  for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, ck.buffers.at(name))) << "buffer " << name;
+// The recomputed run's loss, gradients and buffers are the plain run's, bitwise.
+void expect_bitwise_equal(const Run& plain, const Run& rc) {
+  EXPECT_EQ(plain.loss, rc.loss);
+  ASSERT_EQ(plain.grads.size(), rc.grads.size());
+  for (auto& [name, g] : plain.grads) EXPECT_TRUE(torch::equal(g, rc.grads.at(name))) << name;
+  for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, rc.buffers.at(name))) << "buffer " << name;
 }
 
 // expect_bitwise_equal for the bottleneck ResNet in both layouts under full and selective;
@@ -149,9 +151,9 @@ void expect_resnet_layouts_bitwise_equal(const std::string& precision) {
   at::set_num_threads(threads);
 }
 
-class CheckpointEquality : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+class RecomputeEquality : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
-TEST_P(CheckpointEquality, Fp32GradientsBitwiseEqualWithDropout) {
+TEST_P(RecomputeEquality, Fp32GradientsBitwiseEqualWithDropout) {
   const auto [kind, policy] = GetParam();
   auto c = tiny(kind);
   expect_bitwise_equal(run(c, "none"), run(c, policy));
@@ -161,30 +163,30 @@ TEST_P(CheckpointEquality, Fp32GradientsBitwiseEqualWithDropout) {
 // to .grad themselves; over two backward() calls that accumulate (micro-batches) and under
 // autograd::grad (which must leave .grad alone and return them) they still equal the plain
 // model's bitwise.
-TEST_P(CheckpointEquality, Fp32GradientsBitwiseEqualWhenAccumulatedOrReturned) {
+TEST_P(RecomputeEquality, Fp32GradientsBitwiseEqualWhenAccumulatedOrReturned) {
   const auto [kind, policy] = GetParam();
   auto c = tiny(kind);
   for (auto how : {Differentiate::kBackwardTwice, Differentiate::kAutogradGrad}) {
     const bool twice = how == Differentiate::kBackwardTwice;
-    auto plain = run(c, "none", "fp32", how), ck = run(c, policy, "fp32", how);
-    ASSERT_EQ(plain.grads.size(), ck.grads.size());
+    auto plain = run(c, "none", "fp32", how), rc = run(c, policy, "fp32", how);
+    ASSERT_EQ(plain.grads.size(), rc.grads.size());
     for (auto& [name, g] : plain.grads)
-      EXPECT_TRUE(torch::equal(g, ck.grads[name])) << name << (twice ? " (two backwards)" : " (autograd::grad)");
+      EXPECT_TRUE(torch::equal(g, rc.grads[name])) << name << (twice ? " (two backwards)" : " (autograd::grad)");
   }
 }
 
-TEST_P(CheckpointEquality, Bf16GradientsWithinTolerance) {
+TEST_P(RecomputeEquality, Bf16GradientsWithinTolerance) {
   const auto [kind, policy] = GetParam();
   auto c = tiny(kind);
-  auto plain = run(c, "none", "bf16"), ck = run(c, policy, "bf16");
+  auto plain = run(c, "none", "bf16"), rc = run(c, policy, "bf16");
   for (auto& [name, g] : plain.grads) {
     const double scale = g.abs().max().item<double>() + 1e-6;
-    EXPECT_LE((g - ck.grads[name]).abs().max().item<double>(), 2e-2 * scale) << name;
+    EXPECT_LE((g - rc.grads[name]).abs().max().item<double>(), 2e-2 * scale) << name;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    ModelsAndPolicies, CheckpointEquality,
+    ModelsAndPolicies, RecomputeEquality,
     ::testing::Combine(::testing::Values("gpt", "bert", "resnet", "resnet_bottleneck", "mlp"),
                        ::testing::Values("full", "every:2", "selective")),
     [](const auto& info) {
@@ -194,10 +196,10 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // Note [Channels-last ResNet]: in both layouts (the parametrized tests above run the default,
-// channels-last) the ResNet checkpoints bitwise equal to its own plain run; channels-last
+// channels-last) the recomputed ResNet is bitwise equal to its own plain run; channels-last
 // weights and gradients stay channels-last; and the two layouts compute the same function up
 // to summation order.
-TEST(Checkpoint, ResNetLayoutsBitwiseEqualAndSameFunction) {
+TEST(Recompute, ResNetLayoutsBitwiseEqualAndSameFunction) {
   expect_resnet_layouts_bitwise_equal("fp32");
   auto c = tiny("resnet_bottleneck");
   c.memory_format = "channels_last";
@@ -221,69 +223,70 @@ TEST(Checkpoint, ResNetLayoutsBitwiseEqualAndSameFunction) {
   }
 }
 
-// Under bf16 autocast too, a checkpointed ResNet's gradients, loss and BatchNorm statistics
+// Under bf16 autocast too, a recomputed ResNet's gradients, loss and BatchNorm statistics
 // are the plain model's bitwise: the rerun's packed convolutions cast as autocast does (Note
 // [Packed input kept through the rerun]) and a unit's last BatchNorm, run by the first
 // forward without the module, is the module's (Note [A unit's last BatchNorm is not rerun]).
-TEST(Checkpoint, ResNetBf16CheckpointsBitwiseEqual) { expect_resnet_layouts_bitwise_equal("bf16"); }
+TEST(Recompute, ResNetBf16BitwiseEqual) { expect_resnet_layouts_bitwise_equal("bf16"); }
 
-TEST(Checkpoint, BatchNormStatisticsUpdatedOnce) {
+TEST(Recompute, BatchNormStatisticsUpdatedOnce) {
   for (const char* kind : {"resnet", "resnet_bottleneck"})
     for (const char* policy : {"full", "selective", "every:2"}) {
       SCOPED_TRACE(std::string(kind) + " " + policy);
       auto c = tiny(kind);
-      auto plain = run(c, "none"), ck = run(c, policy);
+      auto plain = run(c, "none"), rc = run(c, policy);
       int bn = 0;
-      for (auto& [name, b] : ck.buffers)
+      for (auto& [name, b] : rc.buffers)
         if (name.find("num_batches_tracked") != std::string::npos) {
           EXPECT_EQ(b.item<int64_t>(), 1) << name;
           ++bn;
         }
       EXPECT_GT(bn, 4);
-      ASSERT_EQ(plain.buffers.size(), ck.buffers.size());
-      for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, ck.buffers[name])) << name;
+      ASSERT_EQ(plain.buffers.size(), rc.buffers.size());
+      for (auto& [name, b] : plain.buffers) EXPECT_TRUE(torch::equal(b, rc.buffers[name])) << name;
     }
 }
 
-// Which units each policy gives ResNet (Note [ResNet checkpoint units]): full = the stem and
+// Which units each policy gives ResNet (Note [ResNet recompute units]): full = the stem and
 // every block but the last (Note [The last block is not recomputed]) split into branch +
 // shortcut; selective = the stem and the first stage.
-TEST(Checkpoint, ResNetUnitsPerPolicy) {
+TEST(Recompute, ResNetUnitsPerPolicy) {
   auto c = tiny("resnet_bottleneck");
   auto model = lt::models::build_model(c);
   auto& net = dynamic_cast<lt::models::ResNet&>(*model);
-  lt::models::apply_checkpoint_policy(net, CheckpointPolicy::parse("full"));
-  EXPECT_TRUE(net.checkpoint_units().stem);
+  lt::models::apply_recompute_policy(net, RecomputePolicy::parse("full"));
+  EXPECT_TRUE(net.recompute_units().stem);
   ASSERT_EQ(net.blocks().size(), 5u);
-  EXPECT_EQ(net.checkpoint_units().split, (std::vector<size_t>{0, 1, 2, 3}));
-  EXPECT_TRUE(net.checkpoint_units().packed);  // Note [Packed block inputs]
+  EXPECT_EQ(net.recompute_units().split, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_TRUE(net.recompute_units().packed);  // Note [Packed block inputs]
   for (size_t i = 0; i < net.blocks().size(); ++i)
     EXPECT_EQ(dynamic_cast<lt::models::ResidualBlockImpl&>(*net.blocks()[i]).packed_input(), i + 1 < 5) << i;
-  lt::models::apply_checkpoint_policy(net, CheckpointPolicy::parse("selective"));
-  EXPECT_TRUE(net.checkpoint_units().stem);
-  EXPECT_EQ(net.checkpoint_units().split, (std::vector<size_t>{0}));
-  EXPECT_FALSE(net.checkpoint_units().packed);
+  lt::models::apply_recompute_policy(net, RecomputePolicy::parse("selective"));
+  EXPECT_TRUE(net.recompute_units().stem);
+  EXPECT_EQ(net.recompute_units().split, (std::vector<size_t>{0}));
+  EXPECT_FALSE(net.recompute_units().packed);
   EXPECT_FALSE(dynamic_cast<lt::models::ResidualBlockImpl&>(*net.blocks()[0]).packed_input());
-  lt::models::apply_checkpoint_policy(net, CheckpointPolicy::parse("every:2"));
-  EXPECT_FALSE(net.checkpoint_units().stem);
-  EXPECT_TRUE(net.checkpoint_units().split.empty());
-  lt::models::apply_checkpoint_policy(net, CheckpointPolicy::parse("none"));
+  lt::models::apply_recompute_policy(net, RecomputePolicy::parse("every:2"));
+  EXPECT_FALSE(net.recompute_units().stem);
+  EXPECT_TRUE(net.recompute_units().split.empty());
+  lt::models::apply_recompute_policy(net, RecomputePolicy::parse("none"));
   for (auto& b : net.blocks())
-    EXPECT_FALSE(dynamic_cast<lt::models::ResidualBlockImpl&>(*b).split_checkpoint());
-  EXPECT_THROW(net.set_checkpoint_units({false, {{0, 2}}, {1}}), std::exception);  // split inside a segment
-  EXPECT_THROW(net.set_checkpoint_units({false, {{2, 2}}, {}}), std::exception);   // empty segment
+    EXPECT_FALSE(dynamic_cast<lt::models::ResidualBlockImpl&>(*b).split_recompute());
+  EXPECT_THROW(net.set_recompute_units({false, {{0, 2}}, {1}}), std::exception);  // split inside a segment
+  EXPECT_THROW(net.set_recompute_units({false, {{2, 2}}, {}}), std::exception);   // empty segment
 }
 
-// Segments of several blocks (checkpoint_sequential's unit; measured worse for ResNet-50 than
-// split blocks, kept for other layouts) recompute bitwise equal gradients and BN statistics.
-TEST(Checkpoint, ResNetSegmentsBitwiseEqual) {
+// Segments of several blocks (torch.utils.checkpoint_sequential's unit; measured worse for
+// ResNet-50 than split blocks, kept for other layouts) recompute bitwise equal gradients and
+// BN statistics.
+TEST(Recompute, ResNetSegmentsBitwiseEqual) {
   auto c = tiny("resnet_bottleneck");
   auto grads = [&](bool segments) {
     torch::manual_seed(1);
     auto model = lt::models::build_model(c);
     model->train();
     if (segments)
-      dynamic_cast<lt::models::ResNet&>(*model).set_checkpoint_units({true, {{0, 2}, {2, 5}}, {}});
+      dynamic_cast<lt::models::ResNet&>(*model).set_recompute_units({true, {{0, 2}, {2, 5}}, {}});
     auto [x, y] = batch_for(c);
     lt::models::compute_loss(model->task(), model->forward(x), y).backward();
     std::vector<torch::Tensor> out;
@@ -326,11 +329,11 @@ struct CustomModel : lt::models::Model {
   lt::models::Task task() const override { return lt::models::Task::kClassify; }
 };
 
-TEST(Checkpoint, BlockWithCustomAutogradFunctionIsRecomputedCorrectly) {
+TEST(Recompute, BlockWithCustomAutogradFunctionIsRecomputedThroughIt) {
   auto grads = [](const std::string& policy) {
     torch::manual_seed(3);
     auto m = std::make_shared<CustomModel>();
-    lt::models::apply_checkpoint_policy(*m, CheckpointPolicy::parse(policy));
+    lt::models::apply_recompute_policy(*m, RecomputePolicy::parse(policy));
     auto x = torch::randn({5, 6}, torch::requires_grad());
     torch::manual_seed(4);
     m->forward(x).pow(2).sum().backward();
@@ -338,9 +341,9 @@ TEST(Checkpoint, BlockWithCustomAutogradFunctionIsRecomputedCorrectly) {
     for (auto& p : m->parameters()) g.push_back(p.grad().clone());
     return g;
   };
-  auto plain = grads("none"), ck = grads("full");
-  ASSERT_EQ(plain.size(), ck.size());
-  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], ck[i])) << i;
+  auto plain = grads("none"), rc = grads("full");
+  ASSERT_EQ(plain.size(), rc.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], rc[i])) << i;
   // The custom backward (x2) is really used: zeroing its effect would change the input gradient.
   EXPECT_GT(plain[0].abs().sum().item<double>(), 0);
 }
@@ -392,7 +395,7 @@ TEST(Recompute, DefaultRecomputesBlocksAndOnlyTheRegionsMarkedCheap) {
     torch::manual_seed(3);
     auto m = std::make_shared<CountingModel>(mark);
     m->train();
-    lt::models::apply_checkpoint_policy(*m, CheckpointPolicy::parse(policy));
+    lt::models::apply_recompute_policy(*m, RecomputePolicy::parse(policy));
     auto x = torch::randn({5, 6}, torch::requires_grad());
     torch::manual_seed(4);
     m->forward(x).pow(2).sum().backward();
@@ -428,9 +431,9 @@ TEST(Recompute, DefaultRecomputesBlocksAndOnlyTheRegionsMarkedCheap) {
   EXPECT_EQ(marked.cheap_region_names(),
             (std::vector<std::string>{"blocks.0.region", "blocks.1.region", "blocks.2.region"}));
   // A later policy replaces an earlier one: selective, then none, recomputes nothing.
-  lt::models::apply_checkpoint_policy(marked, CheckpointPolicy::parse("selective"));
+  lt::models::apply_recompute_policy(marked, RecomputePolicy::parse("selective"));
   EXPECT_TRUE(static_cast<const CountingBlockImpl&>(*marked.blocks()[0]).region.recompute());
-  lt::models::apply_checkpoint_policy(marked, CheckpointPolicy::parse("none"));
+  lt::models::apply_recompute_policy(marked, RecomputePolicy::parse("none"));
   EXPECT_FALSE(static_cast<const CountingBlockImpl&>(*marked.blocks()[0]).region.recompute());
 }
 
@@ -461,9 +464,9 @@ std::function<void()> Probe::seen;
 // Note [Rerun gradients]: under backward(), a rerun adds a parameter's gradient to .grad as
 // soon as it is computed (w2's before the rerun reaches w1), as the plain graph does, instead
 // of holding every gradient of the unit until its rerun is done; under autograd::grad nothing
-// is added to .grad and the gradients come back from the checkpoint. Either way they equal
+// is added to .grad and the gradients come back from in_backward. Either way they equal
 // the plain ones bitwise.
-TEST(Checkpoint, RerunAddsParameterGradientsAsSoonAsComputedUnderBackward) {
+TEST(Recompute, RerunAddsParameterGradientsAsComputedUnderBackwardAndReturnsThemUnderGrad) {
   torch::manual_seed(2);
   auto w1 = torch::randn({8, 8}, torch::requires_grad()), w2 = torch::randn({8, 8}, torch::requires_grad());
   const auto x = torch::randn({4, 8});
@@ -495,11 +498,11 @@ TEST(Checkpoint, RerunAddsParameterGradientsAsSoonAsComputedUnderBackward) {
   EXPECT_TRUE(torch::equal(g[1], g2));
 }
 
-// Note [Dropout masks kept as bits]: a checkpointed function's dropout keeps one bit per
+// Note [Dropout masks kept as bits]: a recomputed function's dropout keeps one bit per
 // element, and its rerun applies that mask without drawing: the RNG stream a rerun sees after
 // its dropout is not the one forward saw (which a function must therefore not use; this test
 // does, to show the draw is gone), yet the gradients are bitwise the plain ones.
-TEST(Checkpoint, DropoutMaskKeptAsBitsAndReplayedWithoutDrawing) {
+TEST(Recompute, DropoutMaskKeptAsBitsAndReplayedWithoutDrawing) {
   lt::MemoryMeter meter(-1);
   const int64_t n = 1 << 16;
   auto w = torch::randn({n}, torch::requires_grad());
@@ -532,9 +535,9 @@ TEST(Checkpoint, DropoutMaskKeptAsBitsAndReplayedWithoutDrawing) {
   EXPECT_TRUE(torch::equal(w.grad(), gw));
 }
 
-// Nested checkpoints with dropouts before, inside and after the inner one: every mask the
-// inner checkpoint records during the outer rerun is the outer tape's, so gradients are plain.
-TEST(Checkpoint, NestedCheckpointsReplayTheSameDropoutMasks) {
+// Nested recompute with dropouts before, inside and after the inner function: every mask the
+// inner function records during the outer rerun is the outer tape's, so gradients are plain.
+TEST(Recompute, NestedRecomputeReplaysTheSameDropoutMasks) {
   auto w = torch::randn({64, 64}, torch::requires_grad());
   auto inner = [&](const std::vector<torch::Tensor>& in) {
     return lt::recompute::dropout(torch::tanh(torch::matmul(in[0], w)), 0.2, true);
@@ -547,32 +550,55 @@ TEST(Checkpoint, NestedCheckpointsReplayTheSameDropoutMasks) {
     };
   };
   auto x = torch::randn({16, 64});
-  auto grad_of = [&](bool checkpointed) {
+  auto grad_of = [&](bool recomputed) {
     w.mutable_grad() = torch::Tensor();
     torch::manual_seed(11);
-    auto y = checkpointed ? lt::recompute::in_backward(outer(true), {x}, {w}) : outer(false)({x});
+    auto y = recomputed ? lt::recompute::in_backward(outer(true), {x}, {w}) : outer(false)({x});
     y.pow(2).sum().backward();
     return w.grad().clone();
   };
-  auto plain = grad_of(false), ck = grad_of(true);
-  EXPECT_TRUE(torch::equal(plain, ck));
+  auto plain = grad_of(false), rc = grad_of(true);
+  EXPECT_TRUE(torch::equal(plain, rc));
   EXPECT_GT(plain.abs().sum().item<double>(), 0);
 }
 
-TEST(Checkpoint, NoGradForwardIsPlain) {
-  auto c = tiny("gpt");
-  auto model = lt::models::build_model(c);
-  model->eval();
-  auto [x, y] = batch_for(c);
-  auto ref = model->forward(x);
-  lt::models::apply_checkpoint_policy(*model, CheckpointPolicy::parse("full"));
-  torch::NoGradGuard ng;
-  EXPECT_TRUE(torch::equal(model->forward(x), ref));
+// Without autograd (torch::NoGradGuard), a model in training mode runs its plain forward
+// under every policy: in_backward is fn(inputs), and ResNet's units are its plain blocks.
+// Dropout and BatchNorm run as in training (the output is not the eval-mode one), and the
+// output, the BatchNorm statistics and the RNG stream after the forward are the plain
+// model's, bitwise.
+TEST(Recompute, NoGradTrainingForwardIsThePlainForward) {
+  for (const char* kind : {"gpt", "resnet_bottleneck"}) {
+    const auto c = tiny(kind);
+    const auto x = batch_for(c).first;
+    // The output, the buffers, then the RNG's next numbers.
+    auto forward = [&](const std::string& policy, bool train) {
+      torch::manual_seed(1);
+      auto model = lt::models::build_model(c);
+      model->train(train);
+      lt::models::apply_recompute_policy(*model, RecomputePolicy::parse(policy));
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(99);
+      std::vector<torch::Tensor> out{model->forward(x)};
+      EXPECT_FALSE(out[0].requires_grad());
+      for (auto& b : model->buffers()) out.push_back(b.clone());
+      out.push_back(torch::rand({4}));
+      return out;
+    };
+    const auto plain = forward("none", true);
+    EXPECT_FALSE(torch::equal(plain[0], forward("none", false)[0])) << kind << ": the forward ran as in eval()";
+    for (const char* policy : {"full", "every:2", "selective"}) {
+      SCOPED_TRACE(std::string(kind) + " " + policy);
+      const auto rc = forward(policy, true);
+      ASSERT_EQ(rc.size(), plain.size());
+      for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], rc[i])) << i;
+    }
+  }
 }
 
 // Under bf16 the rerun in backward leaves no cast weights cached behind it, and a rerun that
 // fails (an out-of-memory error under a budget) puts the caller's autocast state and RNG back.
-TEST(Checkpoint, RerunClearsTheCastCacheAndAFailedRerunRestoresTheCallersState) {
+TEST(Recompute, RerunClearsTheCastCacheAndAFailedRerunRestoresTheCallersState) {
   lt::MemoryMeter meter(-1);
   auto w = torch::randn({256, 256}, torch::requires_grad());
   int calls = 0;
@@ -604,10 +630,10 @@ TEST(Checkpoint, RerunClearsTheCastCacheAndAFailedRerunRestoresTheCallersState) 
   }
 }
 
-// The head + loss, chunked (checkpointed chunks) or fused (Note [Fused LM loss]), equals the
+// The head + loss, chunked (recomputed chunks) or fused (Note [Fused LM loss]), equals the
 // plain loss and gradients (up to summation order) in fp32, and within bf16 tolerance of the
 // plain bf16 loss under autocast; BERT's ignored targets are left out of the mean alike.
-TEST(Checkpoint, FusedAndChunkedLmLossMatchPlainLoss) {
+TEST(LmLoss, FusedAndChunkedMatchPlainLoss) {
   for (const char* precision : {"fp32", "bf16"}) {
     for (const char* kind : {"gpt", "bert"}) {
       SCOPED_TRACE(std::string(kind) + " " + precision);
@@ -674,7 +700,7 @@ TEST(Checkpoint, FusedAndChunkedLmLossMatchPlainLoss) {
 // gradient of the weight's; against fp64 on the same bf16-rounded operands its output and
 // three gradients are at least as accurate as the bf16 convolution's; `autocast` is the
 // module's own forward, bitwise; and the rules of conv_products_in_fp32.
-TEST(Checkpoint, ConvProductsInFp32AreAtLeastAsAccurate) {
+TEST(ConvProducts, Fp32ProductsAreAtLeastAsAccurate) {
   using lt::recompute::HeadMatmul;
   torch::manual_seed(12);
   auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 24, 3).stride(2).padding(1).bias(true));
@@ -747,7 +773,7 @@ TEST(Checkpoint, ConvProductsInFp32AreAtLeastAsAccurate) {
 // ATen's convolution to fp32 rounding, in fp32 and with fp32 products under bf16; its output
 // and input gradient are channels-last; with two threads, in evaluation, with a stride, a
 // 3x3 kernel, NCHW or a batch of 16 it is the module's forward, bitwise.
-TEST(Checkpoint, OneByOneConvolutionsRunAsGemmsWhereAtenRunsThnn) {
+TEST(ConvProducts, OneByOneConvolutionsRunAsGemmsWhereAtenRunsThnn) {
   using lt::recompute::HeadMatmul;
   const int threads = at::get_num_threads();
   at::set_num_threads(1);
@@ -824,7 +850,7 @@ TEST(Checkpoint, OneByOneConvolutionsRunAsGemmsWhereAtenRunsThnn) {
   at::set_num_threads(threads);
 }
 
-TEST(Checkpoint, FusedLmLossHeadProductsInFp32AreAtLeastAsAccurate) {
+TEST(LmLoss, FusedHeadProductsInFp32AreAtLeastAsAccurate) {
   using lt::recompute::HeadMatmul;
   const int64_t n = 300, d = 64, vocab = 1000;
   torch::manual_seed(8);
@@ -889,7 +915,7 @@ TEST(Checkpoint, FusedLmLossHeadProductsInFp32AreAtLeastAsAccurate) {
 // without a slot, the same fused head), in fp32 and bf16, over two micro-batches; the graph
 // has the TiedEmbedding node and not EmbeddingBackward0 for the token embedding. Without a
 // fused head in the same backward, tied_embedding returns the dense gradient.
-TEST(Checkpoint, TiedEmbeddingAddsIntoTheHeadsGradientBitwise) {
+TEST(LmLoss, TiedEmbeddingAddsIntoTheHeadsGradientBitwise) {
   for (const char* kind : {"gpt", "bert"})
     for (const char* precision : {"fp32", "bf16"}) {
       SCOPED_TRACE(std::string(kind) + " " + precision);
@@ -952,7 +978,7 @@ TEST(Checkpoint, TiedEmbeddingAddsIntoTheHeadsGradientBitwise) {
 
 // The fused loss holds no [N,V] logits: its activation peak on a head-dominated model (vocab
 // 4096, d_model 32) is a fraction of the plain loss's; under fp16 autocast it is not used.
-TEST(Checkpoint, FusedLmLossHoldsOneChunkOfLogits) {
+TEST(LmLoss, FusedLossHoldsOneChunkOfLogits) {
   auto c = tiny("gpt");
   c.vocab_size = 4096;
   c.n_layer = 1;
@@ -985,7 +1011,7 @@ TEST(Checkpoint, FusedLmLossHoldsOneChunkOfLogits) {
 // Few tokens (one chunk): the fused loss's peak over forward + backward is the plain loss's,
 // not one [V, D] weight gradient more (backward scales the saved gradient in place instead of
 // allocating `saved * g` next to it); a second backward through the graph is refused by name.
-TEST(Checkpoint, FusedLmLossBackwardScalesItsSavedGradientInPlace) {
+TEST(LmLoss, FusedLossBackwardScalesItsSavedGradientInPlace) {
   const int64_t vocab = 4096, d = 256, n = 8;
   const int64_t weight_bytes = vocab * d * 4;  // 4 MiB, against 128 KiB of logits
   torch::manual_seed(3);
@@ -1021,18 +1047,18 @@ TEST(Checkpoint, FusedLmLossBackwardScalesItsSavedGradientInPlace) {
   }
 }
 
-TEST(CheckpointPolicy, ParsesAndRejects) {
-  EXPECT_EQ(CheckpointPolicy::parse("every:3").every, 3);
-  EXPECT_TRUE(CheckpointPolicy::parse("every:3").checkpoints_block(3, 8));
-  EXPECT_FALSE(CheckpointPolicy::parse("every:3").checkpoints_block(4, 8));
+TEST(RecomputePolicy, ParsesRejectsAndChoosesBlocks) {
+  EXPECT_EQ(RecomputePolicy::parse("every:3").every, 3);
+  EXPECT_TRUE(RecomputePolicy::parse("every:3").recomputes_block(3, 8));
+  EXPECT_FALSE(RecomputePolicy::parse("every:3").recomputes_block(4, 8));
   // Note [The last block is not recomputed]: backward reruns it first, right away.
-  EXPECT_FALSE(CheckpointPolicy::parse("every:3").checkpoints_block(6, 7));
-  EXPECT_TRUE(CheckpointPolicy::parse("full").checkpoints_block(4, 6));
-  EXPECT_FALSE(CheckpointPolicy::parse("full").checkpoints_block(5, 6));
-  EXPECT_FALSE(CheckpointPolicy::parse("full").checkpoints_block(0, 1));
-  EXPECT_EQ(CheckpointPolicy::parse("full").to_string(), "full");
-  EXPECT_THROW(CheckpointPolicy::parse("sometimes"), lt::ConfigError);
-  EXPECT_THROW(CheckpointPolicy::parse("every:0"), lt::ConfigError);
+  EXPECT_FALSE(RecomputePolicy::parse("every:3").recomputes_block(6, 7));
+  EXPECT_TRUE(RecomputePolicy::parse("full").recomputes_block(4, 6));
+  EXPECT_FALSE(RecomputePolicy::parse("full").recomputes_block(5, 6));
+  EXPECT_FALSE(RecomputePolicy::parse("full").recomputes_block(0, 1));
+  EXPECT_EQ(RecomputePolicy::parse("full").to_string(), "full");
+  EXPECT_THROW(RecomputePolicy::parse("sometimes"), lt::ConfigError);
+  EXPECT_THROW(RecomputePolicy::parse("every:0"), lt::ConfigError);
 }
 
 // Peak bytes above the start of forward, over forward + backward. `unpacked`: ResNet's
@@ -1041,12 +1067,12 @@ int64_t activation_peak(const lt::models::ModelConfig& c, const std::string& pol
   torch::manual_seed(1);
   auto model = lt::models::build_model(c);
   model->train();
-  lt::models::apply_checkpoint_policy(*model, CheckpointPolicy::parse(policy));
+  lt::models::apply_recompute_policy(*model, RecomputePolicy::parse(policy));
   if (unpacked) {
     auto& net = dynamic_cast<lt::models::ResNet&>(*model);
-    auto units = net.checkpoint_units();
+    auto units = net.recompute_units();
     units.packed = false;
-    net.set_checkpoint_units(units);
+    net.set_recompute_units(units);
   }
   torch::Tensor x, y;
   if (c.kind == "resnet") {
@@ -1075,7 +1101,7 @@ void expect_memory_ordering(const lt::models::ModelConfig& c) {
   EXPECT_LT(full, 0.8 * sel) << none << " " << sel << " " << full;
 }
 
-TEST(Checkpoint, MemoryOrderingNoneSelectiveFull) {
+TEST(RecomputeMemory, OrderingNoneSelectiveFullGpt) {
   lt::models::ModelConfig c = tiny("gpt");
   c.seq_len = 256;
   c.d_model = 64;
@@ -1088,7 +1114,7 @@ TEST(Checkpoint, MemoryOrderingNoneSelectiveFull) {
 // The same ordering on a small bottleneck ResNet: ResNet-50's blocks [3,4,6,3] at width 8
 // (1/8 of its channels) and 128x128 images (smaller images let the weight gradients in
 // flight dominate).: the stem and first stage hold most activations, so selective sits well below none.
-TEST(Checkpoint, MemoryOrderingNoneSelectiveFullResNet) {
+TEST(RecomputeMemory, OrderingNoneSelectiveFullResNet) {
   lt::models::ModelConfig c = tiny("resnet_bottleneck");
   c.layers = {3, 4, 6, 3};
   c.width = 8;
@@ -1102,7 +1128,7 @@ TEST(Checkpoint, MemoryOrderingNoneSelectiveFullResNet) {
 // count — channels-last 11.4% at both; ResNet-50 at micro-batch 8: 16%). Memory repeats to
 // the byte for a thread count, so the margin is not noise.
 // 224x224 images, so that activations and not weight gradients make the peak.
-TEST(Checkpoint, PackedBlockInputsLowerResNetFullPeak) {
+TEST(RecomputeMemory, PackedBlockInputsLowerResNetFullPeak) {
   lt::models::ModelConfig c = tiny("resnet_bottleneck");
   c.layers = {3, 4, 6, 3};
   c.width = 8;
