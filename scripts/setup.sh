@@ -2,7 +2,8 @@
 # Installs everything leantrain needs on a Debian 12 machine, as root. Idempotent: a second
 # run installs nothing and takes a few seconds.
 #   - Debian packages: compilers, Open MPI, HDF5, GoogleTest, ccache, CLI11, toml++,
-#     nlohmann-json, spdlog, gnuplot (`leantrain report`) and libpng (its test), the
+#     nlohmann-json, spdlog, gnuplot (`leantrain report`) and libpng (its test), universal-ctags
+#     (the code-shape test), the
 #     Fashion-MNIST data set and the fortunes text corpus, and
 #     what the local cluster harnesses need (cluster/packages.txt: Slurm, PMIx, iproute2).
 #   - A virtualenv holding torch==2.11.0 (its LibTorch is what the build links), kept outside
@@ -19,7 +20,8 @@ debs=(build-essential cmake ninja-build ccache pkg-config git
       dataset-fashion-mnist fortunes fortunes-min
       python3 python3-venv python3-dev
       iproute2 procps
-      gnuplot-nox libpng-dev libjpeg62-turbo-dev)
+      gnuplot-nox libpng-dev libjpeg62-turbo-dev
+      universal-ctags)  # tests/scripts/code_shape.sh measures functions with it
 # The local multi-host harnesses (cluster/netns_hosts.sh, cluster/slurm_local.sh).
 mapfile -t cluster_debs < <(grep -v '^[[:space:]]*#' "$top/cluster/packages.txt" | grep -v '^[[:space:]]*$')
 debs+=("${cluster_debs[@]}")

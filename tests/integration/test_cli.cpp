@@ -25,6 +25,22 @@ TEST_F(Cli, BadUsageExitsTwo) {
   expect_config_error("train --config /nonexistent.toml", "/nonexistent.toml");
 }
 
+// The deprecated spelling of memory.recompute still trains, with one warning line; config.json
+// writes the key as memory.recompute.
+TEST_F(Cli, DeprecatedRecomputeKeyTrainsWithOneWarning) {
+  const auto out = dir_ / "run";
+  auto r = run("train --config " + demo() + " --set memory.activation_checkpoint=full --set train.steps=1 " +
+               "--set checkpoint.at_end=false --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string all = r.out + r.err, line = "--set: memory.activation_checkpoint is deprecated; write memory.recompute";
+  EXPECT_NE(all.find(line), std::string::npos) << all;
+  EXPECT_EQ(all.find(line), all.rfind(line)) << "printed twice:\n" << all;
+  const auto cfg = nlohmann::json::parse(slurp(out / "config.json"));
+  EXPECT_EQ(cfg["memory"]["recompute"], "full") << cfg["memory"].dump();
+  for (const auto& [key, value] : cfg["memory"].items())
+    EXPECT_EQ(key.find("checkpoint"), std::string::npos) << "config.json writes the old key: " << cfg["memory"].dump();
+}
+
 TEST_F(Cli, UnknownKeyExitsTwoNamingIt) {
   expect_config_error("train --config " + demo() + " --set train.learning_rate=1", "train.learning_rate");
   std::ofstream(dir_ / "bad.toml") << "[train]\nbogus = 1\n";
