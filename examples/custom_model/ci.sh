@@ -6,8 +6,8 @@
 #      accumulation 2): the loss falls, checkpoints are written; 20 steps in another folder, then
 #      --resume auto to 40: steps 21..40 have bitwise the losses of the uninterrupted run;
 #   2. mpirun -np 2 custom_model plan --memory-budget: a plan.json with a fitting choice;
-#   3. custom_model options lists tiny_vit and bars beside the built-ins; inspect and
-#      export --format safetensors read its checkpoint;
+#   3. mpirun -np 2 custom_model options lists tiny_vit and bars beside the built-ins (once: rank 0
+#      alone prints); inspect and export --format safetensors read its checkpoint;
 #   4. a bad key exits 2 naming tiny_vit's keys; a data file missing on one rank of two exits 2
 #      on both, promptly (the setup agreement, Note [Setup agreement]).
 #
@@ -44,14 +44,16 @@ run resume "${mpi[@]}" -n 2 "$app" train --config "$config" --out "$tmp/part" --
 grep -q "resumed from .*step-00000020.h5 at step 20" "$tmp/resume.log" || { cat "$tmp/resume.log"; fail "no resume at step 20"; }
 
 run plan "${mpi[@]}" -n 2 "$app" plan --config "$config" --memory-budget 256MiB --out "$tmp/plan"
-run options "$app" options
+# The file subcommands under mpirun: rank 0 alone reads, prints and writes.
+run options "${mpi[@]}" -n 2 "$app" options
+(( $(grep -c '^### \[model\] kind = "tiny_vit"' "$tmp/options.log") == 1 )) || { cat "$tmp/options.log"; fail "options printed twice"; }
 for kind in model:tiny_vit data:bars model:gpt model:resnet data:fashion_mnist; do
   grep -q "^### \[${kind%%:*}\] kind = \"${kind#*:}\"" "$tmp/options.log" \
     || { cat "$tmp/options.log"; fail "options does not list [${kind%%:*}] kind = ${kind#*:}"; }
 done
 ckpt=$tmp/whole/checkpoints/step-00000040.h5
-run inspect "$app" inspect "$ckpt" --json
-run export "$app" export "$ckpt" --format safetensors --out "$tmp/export"
+run inspect "${mpi[@]}" -n 2 "$app" inspect "$ckpt" --json
+run export "${mpi[@]}" -n 2 "$app" export "$ckpt" --format safetensors --out "$tmp/export"
 
 # A key tiny_vit does not have is a config error (exit 2) naming its keys.
 expect_exit 2 bad "${mpi[@]}" -n 2 "$app" train --config "$config" --out "$tmp/bad" --set model.dpeth=6
@@ -102,7 +104,9 @@ chosen = plan["chosen"]
 assert chosen["fits"] and chosen["measured_peak_bytes"] <= plan["budget_bytes"], chosen
 assert any(s.startswith("memory.recompute=") for s in plan["set"]), plan["set"]
 # inspect --json: the checkpoint of step 40, with the user's parameters.
-info = json.loads(open(os.path.join(tmp, "inspect.log")).read().strip().splitlines()[-1])
+jsons = [l for l in open(os.path.join(tmp, "inspect.log")) if l.startswith("{")]
+assert len(jsons) == 1, f"inspect under mpirun -np 2 printed {len(jsons)} summaries"
+info = json.loads(jsons[0])
 assert info["step"] == 40 and info["world_size"] == 2, (info["step"], info["world_size"])
 assert any(t["name"] == "blocks.0.qkv.weight" for t in info["model"]), [t["name"] for t in info["model"]][:5]
 # export: a safetensors file holding every parameter under leantrain's names.

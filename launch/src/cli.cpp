@@ -110,6 +110,9 @@ int dispatch(Parsed& p, const std::string& program) {
   }
   if (p.got("train")) return run_train(program, p.train);
   if (p.got("plan")) return run_plan(program, p.plan);
+  // The other subcommands read a file, write a folder or print: under mpirun, rank 0 alone does
+  // it (two ranks exporting into one folder would race; one copy of the output is enough).
+  if (detect_world().rank != 0) return kExitOk;
   if (p.got("inspect")) return run_inspect(p.inspect.checkpoint, p.inspect.json);
   if (p.got("export")) return run_export(p.exp.checkpoint, p.exp.format, p.exp.out);
   if (p.got("report")) return run_report(p.report);
