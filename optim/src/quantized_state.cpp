@@ -5,9 +5,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace lt::optim {
@@ -76,6 +80,20 @@ namespace lt::optim {
 // the FP32 temporaries are 2 x chunk x 4 bytes per thread, not 8 bytes per element. On the CPU
 // the chunks go to the threads whole (at::parallel_for over chunks; ATen's kernels inside run
 // on their own thread); on a GPU they run one after another.
+//
+// Tables on the device (issue 39). The ATen path needs the 255 midpoints (searchsorted) and
+// the 256 values (index_select) on the state's device. They were copied there per call,
+// `t.mids.to(device)` / `t.map.to(device)`: four host-to-device copies per 64 Ki chunk, a few
+// thousand per step for a GPT-2-sized model. device_tables() builds them once per device (both
+// maps, under a mutex, kept for the process's life) and every later call uses those; on the
+// CPU the entry holds the very tensors Tables owns, no copy. adamw_step_8bit looks the entry
+// up once per call, not per chunk. detail::quant8_device_tables_built() counts the entries
+// built, and the tests AdamW8bit.TablesReach{TheCpu,TheGpu}OncePerProcess check that steps build
+// none and that no table-sized tensor is copied (aten::to, _to_copy, clone: a RecordFunction
+// hook) during a step: 32 copies a step in that test before, 0 now.
+// The chunking stays: it bounds the FP32 temporaries (above), and whole-tensor passes would
+// raise the step's peak by 8 bytes or more per element of the largest tensor. Per chunk the ATen
+// path now launches device kernels only: nothing of it waits for the host or copies from it.
 
 namespace {
 
@@ -161,6 +179,34 @@ const Tables& tables(bool is_signed) {
   return is_signed ? signed_tables : unsigned_tables;
 }
 
+// The ATen path's tables on one device (Note [8-bit optimizer state], "Tables on the device").
+struct DeviceTables {
+  torch::Tensor map[2], mids[2];  // [is_signed]: float32 [256], [255]
+};
+
+std::atomic<int64_t> g_device_tables_built{0};
+
+// Built on a device's first use, then the same tensors for the process's life (never freed:
+// a static holding CUDA memory would be destroyed after the CUDA runtime at exit).
+const DeviceTables& device_tables(const torch::Device& device) {
+  static std::mutex mu;
+  static auto* cache = new std::unordered_map<torch::Device, std::unique_ptr<DeviceTables>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& entry = (*cache)[device];
+  if (!entry) {
+    auto built = std::make_unique<DeviceTables>();
+    for (bool is_signed : {false, true}) {
+      const Tables& t = tables(is_signed);
+      // On the CPU the tensors themselves; elsewhere one copy each, for the process's life.
+      built->map[is_signed] = device.is_cpu() ? t.map : t.map.to(device);
+      built->mids[is_signed] = device.is_cpu() ? t.mids : t.mids.to(device);
+    }
+    entry = std::move(built);
+    ++g_device_tables_built;
+  }
+  return *entry;
+}
+
 int64_t blocks_of(int64_t n) { return (n + kQuantBlock - 1) / kQuantBlock; }
 
 // x[0, n) to codes and one absmax per block; n <= kQuantBlock.
@@ -228,21 +274,26 @@ void dequantize_cpu(const Quantized8& q, int64_t begin, int64_t len, float* out,
 }
 
 // The ATen path: codes_out uint8 [n], absmax_out float32 [blocks_of(n)], views into q.
-void quantize_aten(const Tables& t, const torch::Tensor& x, torch::Tensor codes_out, torch::Tensor absmax_out) {
+// mids: the 255 midpoints on x's device (device_tables()).
+void quantize_aten(const Tables& t, const torch::Tensor& mids, const torch::Tensor& x, torch::Tensor codes_out,
+                   torch::Tensor absmax_out) {
   const int64_t n = x.numel(), nb = blocks_of(n), pad = nb * kQuantBlock - n;
   auto blocks = (pad ? at::constant_pad_nd(x, {0, pad}) : x).view({nb, kQuantBlock});
   auto amax = blocks.abs().amax(1);
   auto inv = torch::where(amax > 0, amax, torch::ones_like(amax)).reciprocal();
   auto v = (blocks * inv.unsqueeze(1)).view({-1}).narrow(0, 0, n);
-  auto idx = torch::searchsorted(t.mids.to(x.device()), v, /*out_int32=*/true, /*right=*/false);
-  if (t.keep_positive) idx = torch::where((idx == 0) & (v > 0), torch::ones_like(idx), idx);
+  auto idx = torch::searchsorted(mids, v, /*out_int32=*/true, /*right=*/false);
+  // Note [8-bit optimizer state], "No v to zero".
+  if (t.keep_positive) idx.masked_fill_((idx == 0) & (v > 0), 1);
   codes_out.copy_(idx);
   absmax_out.copy_(amax);
 }
 
-torch::Tensor dequantize_aten(const Tables& t, const torch::Tensor& codes, const torch::Tensor& absmax) {
+// map: the 256 values on codes' device (device_tables()).
+torch::Tensor dequantize_aten(const torch::Tensor& map, const torch::Tensor& codes, const torch::Tensor& absmax) {
   const int64_t n = codes.numel(), nb = absmax.numel();
-  auto values = t.map.to(codes.device()).index_select(0, codes.to(torch::kLong));
+  // int32 indices: index_select takes them, at half the bytes of int64 ones.
+  auto values = map.index_select(0, codes.to(torch::kInt));
   auto scale = absmax.unsqueeze(1).expand({nb, kQuantBlock}).reshape({-1}).narrow(0, 0, n);
   return values * scale;
 }
@@ -254,6 +305,10 @@ void check_input(const torch::Tensor& x, const char* what) {
 }
 
 }  // namespace
+
+namespace detail {
+int64_t quant8_device_tables_built() { return g_device_tables_built.load(); }
+}  // namespace detail
 
 int64_t Quantized8::nbytes() const {
   return (codes.defined() ? codes.nbytes() : 0) + (absmax.defined() ? absmax.nbytes() : 0);
@@ -291,7 +346,7 @@ void quantize8_into(Quantized8& q, int64_t begin, const torch::Tensor& x, Quant8
   TORCH_CHECK(x.device() == q.codes.device(), "quantize8_into: x on ", x.device(), ", state on ", q.codes.device());
   if (len == 0) return;
   if (use_cpu_kernel(x.device(), path)) return quantize_cpu(q, begin, len, x.data_ptr<float>(), /*parallel=*/true);
-  quantize_aten(tables(q.is_signed), x, q.codes.narrow(0, begin, len),
+  quantize_aten(tables(q.is_signed), device_tables(x.device()).mids[q.is_signed], x, q.codes.narrow(0, begin, len),
                 q.absmax.narrow(0, begin / kQuantBlock, blocks_of(len)));
 }
 
@@ -304,7 +359,7 @@ torch::Tensor dequantize8_range(const Quantized8& q, int64_t begin, int64_t len,
     dequantize_cpu(q, begin, len, out.data_ptr<float>(), /*parallel=*/true);
     return out;
   }
-  return dequantize_aten(tables(q.is_signed), q.codes.narrow(0, begin, len),
+  return dequantize_aten(device_tables(q.codes.device()).map[q.is_signed], q.codes.narrow(0, begin, len),
                          q.absmax.narrow(0, begin / kQuantBlock, blocks_of(len)));
 }
 
@@ -340,13 +395,20 @@ void adamw_step_8bit(torch::Tensor param, const torch::Tensor& grad, Quantized8&
 
   if (!cpu_kernel) {
     torch::NoGradGuard no_grad;
+    // The tables once per call; the chunks launch device kernels only (Note [8-bit optimizer
+    // state], "Tables on the device"). The ranges were checked above: whole blocks, in range.
+    const DeviceTables& dt = device_tables(param.device());
+    const Tables &ts = tables(true), &tu = tables(false);
     for (int64_t c = 0; c < nchunks; ++c) {
       const int64_t lo = c * chunk_elems, len = std::min(chunk_elems, n - lo);
-      auto m = dequantize8_range(exp_avg, lo, len, Quant8Path::kAten);
-      auto v = dequantize8_range(exp_avg_sq, lo, len, Quant8Path::kAten);
+      const int64_t b0 = lo / kQuantBlock, nb = blocks_of(len);
+      auto m_codes = exp_avg.codes.narrow(0, lo, len), m_absmax = exp_avg.absmax.narrow(0, b0, nb);
+      auto v_codes = exp_avg_sq.codes.narrow(0, lo, len), v_absmax = exp_avg_sq.absmax.narrow(0, b0, nb);
+      auto m = dequantize_aten(dt.map[true], m_codes, m_absmax);
+      auto v = dequantize_aten(dt.map[false], v_codes, v_absmax);
       update(m, v, lo, len);
-      quantize8_into(exp_avg, lo, m, Quant8Path::kAten);
-      quantize8_into(exp_avg_sq, lo, v, Quant8Path::kAten);
+      quantize_aten(ts, dt.mids[true], m, m_codes, m_absmax);
+      quantize_aten(tu, dt.mids[false], v, v_codes, v_absmax);
     }
     return;
   }

@@ -1,9 +1,11 @@
 // Block-wise dynamic 8-bit quantisation of AdamW's moments (Note [8-bit optimizer state]):
 // the maps against bitsandbytes' construction, the round-trip error bound, the CPU kernel
 // against the ATen path, the bytes, and 8-bit AdamW against FP32 AdamW.
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -328,6 +330,97 @@ TEST(AdamW8bit, RejectsSwappedMomentsAndBadChunks) {
   EXPECT_THROW(adamw_step_8bit(p, g, v, m, step, 1e-3, 0.9, 0.999, 0, 1e-8, std::nullopt), c10::Error);
   EXPECT_THROW(adamw_step_8bit(p, g, m, v, step, 1e-3, 0.9, 0.999, 0, 1e-8, std::nullopt, 1000), c10::Error);
   EXPECT_THROW(adamw_step_8bit(p, g.narrow(0, 0, 100), m, v, step, 1e-3, 0.9, 0.999, 0, 1e-8, std::nullopt), c10::Error);
+}
+
+// Issue 39: the ATen path (the GPU's) used to copy its tables to the device per call, four
+// copies per 64 Ki chunk. Counted two ways: the library's count of table sets built, and a
+// RecordFunction hook on this thread counting copies of a table-shaped tensor (float32, 255 or
+// 256 elements) by aten::to / aten::_to_copy / aten::clone.
+std::atomic<int> g_table_copies{0};
+
+std::unique_ptr<at::ObserverContext> count_table_copy(const at::RecordFunction& fn) {
+  const std::string name = fn.name();
+  if (name != "aten::to" && name != "aten::_to_copy" && name != "aten::clone") return nullptr;
+  const auto inputs = fn.inputs();
+  if (inputs.empty() || !inputs[0].isTensor()) return nullptr;
+  const auto& t = inputs[0].toTensor();
+  if (t.defined() && t.scalar_type() == torch::kFloat && (t.numel() == 255 || t.numel() == 256)) ++g_table_copies;
+  return nullptr;
+}
+
+class TableCopyCounter {
+ public:
+  TableCopyCounter() {
+    g_table_copies = 0;
+    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&count_table_copy).needsInputs(true));
+  }
+  ~TableCopyCounter() { at::removeCallback(handle_); }
+  int copies() const { return g_table_copies.load(); }
+
+ private:
+  at::CallbackHandle handle_;
+};
+
+// Three parameters (4 Ki + 64 Ki x 4 + 1000, 70000, 5000 elements: 8 chunks of the default
+// 64 Ki), 4 steps of 8-bit AdamW on `device` through `path`; returns the parameters.
+std::vector<torch::Tensor> tables_reach_device_once(const torch::Device& device, Quant8Path path) {
+  // The CPU tables (statics) exist before counting.
+  (void)dynamic_map(true);
+  (void)dynamic_map(false);
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  torch::manual_seed(3);
+  struct P {
+    torch::Tensor p, g;
+    Quantized8 m, v;
+  };
+  std::vector<P> ps;
+  for (int64_t n : {4 * (int64_t{1} << 16) + 1000, int64_t{70000}, int64_t{5000}})
+    ps.push_back({torch::randn({n}).to(device), torch::empty({n}, opts), quantized_zeros(n, true, opts),
+                  quantized_zeros(n, false, opts)});
+  auto step_all = [&](int s) {
+    for (auto& p : ps) {
+      p.g.copy_(torch::randn({p.p.numel()}) * 0.1);
+      adamw_step_8bit(p.p, p.g, p.m, p.v, torch::full({}, double(s), opts), 1e-3, 0.9, 0.999, 0.01, 1e-8,
+                      std::nullopt, int64_t{1} << 16, path);
+    }
+  };
+  const int64_t built0 = lt::optim::detail::quant8_device_tables_built();
+  int first_copies;
+  {
+    TableCopyCounter counter;
+    step_all(1);
+    first_copies = counter.copies();
+  }
+  const int64_t built1 = lt::optim::detail::quant8_device_tables_built();
+  // The device's first 8-bit call builds its tables (if no earlier test in this process did):
+  // on the CPU the tensors themselves, on a GPU one copy of each of the four.
+  EXPECT_LE(built1 - built0, 1);
+  EXPECT_LE(first_copies, device.is_cpu() ? 0 : 4);
+  TableCopyCounter counter;
+  for (int s = 2; s <= 4; ++s) step_all(s);
+  // Before issue 39, through the ATen path: 4 copies a chunk, 8 chunks a step, 3 steps = 96.
+  EXPECT_EQ(counter.copies(), 0) << "table copies in 3 steps";
+  EXPECT_EQ(lt::optim::detail::quant8_device_tables_built(), built1) << "table sets built by steps";
+  // The hook does see a copy of a table (the check above can fail).
+  (void)dynamic_map(false).clone();
+  EXPECT_EQ(counter.copies(), 1);
+  std::vector<torch::Tensor> out;
+  for (auto& p : ps) out.push_back(p.p.cpu());
+  return out;
+}
+
+TEST(AdamW8bit, TablesReachTheCpuOncePerProcess) {
+  auto aten = tables_reach_device_once(torch::kCPU, Quant8Path::kAten);
+  // The CPU kernel uses no tensor tables: nothing counted, the same parameters bit for bit.
+  auto kernel = tables_reach_device_once(torch::kCPU, Quant8Path::kCpuKernel);
+  ASSERT_EQ(aten.size(), kernel.size());
+  for (size_t i = 0; i < aten.size(); ++i) EXPECT_TRUE(torch::equal(aten[i], kernel[i])) << "parameter " << i;
+}
+
+TEST(AdamW8bit, TablesReachTheGpuOncePerProcess) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = tables_reach_device_once(torch::Device(torch::kCUDA, 0), Quant8Path::kAuto);
+  ASSERT_EQ(gpu.size(), 3u);
 }
 
 }  // namespace

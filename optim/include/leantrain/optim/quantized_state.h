@@ -61,4 +61,11 @@ void adamw_step_8bit(torch::Tensor param, const torch::Tensor& grad, Quantized8&
                      double eps, const std::optional<at::Tensor>& grad_scale, int64_t chunk_elems = 1 << 16,
                      Quant8Path path = Quant8Path::kAuto);
 
+namespace detail {
+/// Test hook: how many devices the ATen path's tables (both maps' values and midpoints) have
+/// been built for in this process. One per device, at its first 8-bit call; a step builds none
+/// and copies no table (Note [8-bit optimizer state], "Tables on the device").
+int64_t quant8_device_tables_built();
+}  // namespace detail
+
 }  // namespace lt::optim
