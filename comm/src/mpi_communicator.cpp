@@ -30,6 +30,11 @@ MPI_Datatype mpi_type(torch::ScalarType t) {
   }
 }
 
+// MPI is finalised when the last MpiCommunicator of the process goes, if one of them initialised
+// it: make_communicator's bootstrap communicator (the backend agreement) can then end before the
+// NCCL backend's own, which it started MPI for. Constructed and destroyed on the main thread.
+int g_live_communicators = 0;
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(double timeout_s, std::string host) : timeout_s_(timeout_s), host_(std::move(host)) {
@@ -48,8 +53,10 @@ MpiCommunicator::MpiCommunicator(double timeout_s, std::string host) : timeout_s
     // which for CUDA parameters run on the autograd engine's device thread while the main
     // thread blocks in backward() — one thread at a time, but not always the main one.
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-    owns_mpi_ = true;
   }
+  static const bool initialised_here = !inited;  // the first communicator's answer, for the process
+  owns_mpi_ = initialised_here;
+  ++g_live_communicators;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
 }
@@ -57,7 +64,7 @@ MpiCommunicator::MpiCommunicator(double timeout_s, std::string host) : timeout_s
 MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (owns_mpi_ && !finalized) MPI_Finalize();
+  if (--g_live_communicators == 0 && owns_mpi_ && !finalized) MPI_Finalize();
 }
 
 void MpiCommunicator::wait(void* request, const char* what, int64_t bytes) {

@@ -254,8 +254,11 @@ void CheckpointWriter::submit(Checkpoint c, Clock::time_point since) {
   }
   // Known before the thread starts (its creation orders this write before the thread's read).
   const double stall_s = std::chrono::duration<double>(Clock::now() - since).count();
-  thread_ = std::thread([this, c = std::move(c), stall_s, since] {
+  // The writer runs on the trainer's device (a new thread's current device is 0, whatever
+  // the rank's: Note [Rank to GPU] in runtime_context.h).
+  thread_ = std::thread([this, c = std::move(c), stall_s, since, device = bound_device()] {
     try {
+      bind_device(device);
       write(c, stall_s, since);
     } catch (...) {
       error_ = std::current_exception();

@@ -235,7 +235,7 @@ double int8_update_factor(const torch::Device& device) {
     f();  // warm-up
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < 3; ++i) f();
-    if (device.is_cuda()) torch::cuda::synchronize();
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());  // the run's device, not the thread's
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   const double fp32 = time([&] {

@@ -140,8 +140,30 @@ torch::Tensor shard_chunk(const torch::Tensor& t, int rank, int world);
 /// comm.backend and the fix otherwise.
 std::string choose_backend(const std::string& backend, int world, bool on_cuda, bool nccl_available);
 
-/// Makes the backend choose_backend picks for this run (ctx's world and device). Collectives
-/// run under comm.startup_timeout_s until the trainer sets the per-step deadline.
+/// One rank's side of the backend agreement (Note [Backend agreement] in communicator.cpp).
+struct BackendChoice {
+  int rank = 0;
+  std::string host;
+  int device_index = -1;  // its CUDA device (RuntimeContext::device_index); -1: the CPU
+  std::string backend;    // what choose_backend gave on that rank; "" when it refused
+  std::string error;      // its refusal (a ConfigError's message), when it refused
+};
+
+/// The backend every rank runs, a pure function of every rank's choice (per_rank[r]: rank
+/// r's) and comm.backend as configured: the choice they share. Throws ConfigError, the same
+/// text whatever the caller's rank, naming the ranks, their hosts and devices, when a rank
+/// refused (its message) and when the ranks chose differently (auto on a rank without a GPU
+/// next to ranks with one).
+std::string agree_backend(const std::vector<BackendChoice>& per_rank, const std::string& requested);
+
+/// Every rank's BackendChoice, in rank order, over `comm` (two all-gathers of CPU tensors;
+/// every rank of comm calls it). `mine` is the caller's.
+std::vector<BackendChoice> exchange_backend_choices(Communicator& comm, const BackendChoice& mine);
+
+/// Makes the backend choose_backend picks for this run (ctx's world and device). In a world
+/// of several, the ranks first agree on it over MPI (exchange_backend_choices, agree_backend),
+/// so a rank that would choose differently is a ConfigError on every rank, not a hang.
+/// Collectives run under comm.startup_timeout_s until the trainer sets the per-step deadline.
 /// Throws ConfigError naming comm.backend when the choice cannot work here.
 std::unique_ptr<Communicator> make_communicator(const CommConfig& cfg, const RuntimeContext& ctx);
 
