@@ -155,8 +155,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Sharded gradients: transient buckets in flight at once (Note [Sharded model state]).
-constexpr size_t kMaxInFlight = 2;
+// Note [Buckets in flight on a GPU]: sharded gradients keep at most kMaxBucketsInFlight
+// transient buckets alive (Note [Sharded model state]): before a third is packed, the oldest is
+// waited for, summed into its chunk and freed. On the CPU, MPI's wait() blocks the host until
+// the reduce-scatter is done, so that bounds memory. On a GPU, Work::wait() only orders the
+// compute stream after the NCCL stream: the host runs on, frees the bucket (whose block the
+// caching allocator cannot hand out again until the NCCL stream has passed it) and allocates
+// the next one, so every bucket of the step could be alive at its end while the bound said two.
+// So the back-pressure waits with Work::wait_host(), which also blocks the host until the
+// collective has completed on the device: the freed block is reusable at once, and the bound
+// holds on the device as it does on the host. The cost is one host sync per bucket beyond the
+// first two, while the GPU still has the rest of backward queued. The all-gather after the
+// update does the same. peak_buckets_alive() counts the buffers; a test holds it to the bound
+// with a communicator whose collectives complete late.
+constexpr size_t kMaxInFlight = GradientSync::kMaxBucketsInFlight;
 double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 }  // namespace
@@ -301,15 +313,25 @@ void GradientSync::drop_shard_sums() {
   first_in_step_ = true;
 }
 
-void GradientSync::wait_and_accumulate(Bucket& b) {
+void GradientSync::wait_and_accumulate(Bucket& b, bool host) {
   if (!b.flat.defined()) return;  // accumulated already
-  b.work->wait();
+  if (host) b.work->wait_host();  // Note [Buckets in flight on a GPU]
+  else b.work->wait();
   torch::NoGradGuard no_grad;
   const auto mine = shard_chunk(b.flat, rank_, world_);
   if (first_in_step_) b.shard.copy_(mine);
   else b.shard.add_(mine);  // in the accumulator's dtype: fp32, or fp32 sums rounded to bf16
   b.flat = torch::Tensor();  // the transient bucket: freed now, with the Work that held it
   b.work.reset();
+  transient_freed();
+}
+
+void GradientSync::transient_allocated() {
+  transients_peak_ = std::max(transients_peak_, ++transients_alive_);
+}
+
+void GradientSync::transient_freed() {
+  if (transients_alive_ > 0) --transients_alive_;
 }
 
 void GradientSync::allgather_params(Communicator& comm) {
@@ -317,26 +339,35 @@ void GradientSync::allgather_params(Communicator& comm) {
   torch::NoGradGuard no_grad;
   // Copies a bucket into its parameters once its all-gather is done.
   auto unpack = [&](Bucket& b) {
-    b.work->wait();
+    if (stage_ == ShardStage::kGradients) b.work->wait_host();  // Note [Buckets in flight on a GPU]
+    else b.work->wait();
     const bool in_place = stage_ == ShardStage::kGradients && sole_member(b);  // gathered in the parameter
     for (size_t k = 0; k < b.members.size() && !in_place; ++k) {
       const auto& p = params_[b.members[k]];
       memory_order_view(p).copy_(b.flat.narrow(0, b.offsets[k], p.numel()));
     }
     b.work.reset();
-    if (stage_ == ShardStage::kGradients) b.flat = torch::Tensor();
+    if (stage_ == ShardStage::kGradients) {
+      b.flat = torch::Tensor();
+      transient_freed();
+    }
   };
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     if (stage_ == ShardStage::kGradients && sole_member(b)) {
       // One parameter, no padding: the all-gather runs in its own memory (this rank's chunk
       // holds its update already), with no transient bucket and no copy.
+      if (i >= 2) unpack(buckets_[i - 2]);  // first: at most two in flight, this one included
       b.flat = memory_order_view(params_[b.members.front()]);
+      transient_allocated();  // the parameter's own memory, counted as a bucket in flight
       b.work = comm.allgather_async(b.flat);
-      if (i >= 2) unpack(buckets_[i - 2]);
       continue;
     }
-    if (stage_ == ShardStage::kGradients) b.flat = torch::zeros({b.padded}, params_[b.members.front()].options().requires_grad(false));
+    if (i >= 2) unpack(buckets_[i - 2]);
+    if (stage_ == ShardStage::kGradients) {
+      b.flat = torch::zeros({b.padded}, params_[b.members.front()].options().requires_grad(false));
+      transient_allocated();
+    }
     const int64_t c = b.padded / world_, lo = rank_ * c, hi = lo + c;
     for (size_t k = 0; k < b.members.size(); ++k) {  // this rank's updated elements into its chunk
       const auto& p = params_[b.members[k]];
@@ -344,7 +375,6 @@ void GradientSync::allgather_params(Communicator& comm) {
       if (a < e) b.flat.narrow(0, a, e - a).copy_(memory_order_view(p).narrow(0, a - off, e - a));
     }
     b.work = comm.allgather_async(b.flat);
-    if (i >= 2) unpack(buckets_[i - 2]);
   }
   for (size_t i = buckets_.size() >= 2 ? buckets_.size() - 2 : 0; i < buckets_.size(); ++i) unpack(buckets_[i]);
 }
@@ -386,7 +416,7 @@ void GradientSync::start_ready_buckets() {
     // reduce-scatters and every bucket of the step is alive at its end: a whole copy of the
     // gradients (the model-state benchmark measured 391 MiB more than stage 1 at 9 layers).
     while (transient && next_bucket_ - oldest_in_flight_ >= kMaxInFlight) {
-      wait_and_accumulate(buckets_[oldest_in_flight_]);
+      wait_and_accumulate(buckets_[oldest_in_flight_], /*host=*/true);
       ++oldest_in_flight_;
     }
     bool packed = false;
@@ -397,9 +427,11 @@ void GradientSync::start_ready_buckets() {
       b.flat = memory_order_view(p.grad());
       p.mutable_grad() = torch::Tensor();
       packed = true;
+      transient_allocated();
     } else if (transient) {
       b.flat = torch::empty({b.padded}, params_[b.members.front()].options().requires_grad(false));
       b.flat.narrow(0, b.numel, b.padded - b.numel).zero_();
+      transient_allocated();
     }
     for (size_t k = 0; k < b.members.size() && !packed; ++k) {
       auto& p = params_[b.members[k]];

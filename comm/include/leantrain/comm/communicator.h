@@ -38,6 +38,11 @@ class Work {
   /// Blocks until the collective has completed (for CUDA tensors: until the caller's current
   /// stream is ordered after it, with no host sync).
   virtual void wait() = 0;
+  /// wait(), then blocks the host until the collective has completed on the device too (NCCL:
+  /// its completion event), so that memory it used is free for the next allocation at once:
+  /// the back-pressure that bounds buckets in flight (Note [Buckets in flight on a GPU]). For
+  /// host collectives (MPI) wait() already is that.
+  virtual void wait_host() { wait(); }
 };
 
 /// A collective that already completed (the blocking fallback of the async calls).

@@ -116,6 +116,11 @@ class GradientSync {
   bool overlap() const { return overlap_; }
   /// Bytes of the persistent bucket buffers (0 before the first synchronisation).
   int64_t buffer_bytes() const { return buffer_bytes_; }
+  /// memory.shard = gradients: the most transient bucket buffers (reduce-scatter or all-gather)
+  /// alive at once since construction; the bound is kMaxBucketsInFlight (Note [Buckets in flight
+  /// on a GPU], comm/src/grad_sync.cpp), which the planner's estimate of the buckets assumes.
+  size_t peak_buckets_alive() const { return transients_peak_; }
+  static constexpr size_t kMaxBucketsInFlight = 2;
   /// Whether `t` lives in a bucket buffer (a .grad aliased by finish() and kept, zeroed in
   /// place, by zero_grad without set_to_none).
   bool in_buckets(const torch::Tensor& t) const;
@@ -141,7 +146,11 @@ class GradientSync {
   void start_ready_buckets();
   void poll();
   void reset_step();
-  void wait_and_accumulate(Bucket& b);  // kGradients: a bucket's reduce-scatter done, its chunk summed
+  // kGradients: a bucket's reduce-scatter done (`host`: on the device too, Work::wait_host), its
+  // chunk summed, the transient bucket freed.
+  void wait_and_accumulate(Bucket& b, bool host = false);
+  void transient_allocated();  // a transient bucket buffer (kGradients) came alive
+  void transient_freed();
   // One parameter and no padding: its gradient / its memory can be the bucket itself.
   static bool sole_member(const Bucket& b) { return b.members.size() == 1 && b.padded == b.numel; }
 
@@ -158,6 +167,7 @@ class GradientSync {
   bool in_backward_ = false;
   size_t next_bucket_ = 0;             // buckets start in order: the next one to start
   size_t oldest_in_flight_ = 0;        // the first bucket whose all-reduce may still run
+  size_t transients_alive_ = 0, transients_peak_ = 0;  // kGradients: transient bucket buffers
   Communicator* comm_ = nullptr;       // set while armed
   int64_t buffer_bytes_ = 0;
   std::chrono::steady_clock::time_point first_start_;
