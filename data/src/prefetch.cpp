@@ -16,8 +16,10 @@ struct Prefetcher::Slot {
   std::exception_ptr error;
 };
 
-Prefetcher::Prefetcher(std::shared_ptr<const Dataset> data, int max_pending)
-    : data_(std::move(data)), max_pending_(static_cast<size_t>(max_pending > 0 ? max_pending : 1)) {
+Prefetcher::Prefetcher(std::shared_ptr<const Dataset> data, int max_pending, std::function<void(Batch&)> prepare)
+    : data_(std::move(data)),
+      prepare_(std::move(prepare)),
+      max_pending_(static_cast<size_t>(max_pending > 0 ? max_pending : 1)) {
   if (!data_) throw std::invalid_argument("Prefetcher: no dataset");
   thread_ = std::thread([this] { loop(); });
 }
@@ -69,9 +71,15 @@ Batch Prefetcher::take(const std::vector<int64_t>& indices, int64_t epoch) {
       else done_cv_.wait(lock, [&] { return slot->state == Slot::kDone; });
     }
   }
-  if (!slot) return data_->get(indices, epoch);
+  if (!slot) return build(indices, epoch);
   if (slot->error) std::rethrow_exception(slot->error);
   return std::move(slot->batch);
+}
+
+Batch Prefetcher::build(const std::vector<int64_t>& indices, int64_t epoch) const {
+  Batch b = data_->get(indices, epoch);
+  if (prepare_) prepare_(b);
+  return b;
 }
 
 void Prefetcher::clear() {
@@ -112,7 +120,7 @@ void Prefetcher::loop() {
     Batch b;
     std::exception_ptr err;
     try {
-      b = data_->get(slot->indices, slot->epoch);
+      b = build(slot->indices, slot->epoch);
     } catch (...) {
       err = std::current_exception();
     }

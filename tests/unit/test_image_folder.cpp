@@ -2,6 +2,10 @@
 // decoded back (PNG exactly), classes and labels, the transforms' geometry and determinism in
 // (seed, epoch, index), every bad folder and file, on_corrupt = skip, and the Prefetcher.
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <mutex>
+#include <thread>
 #include <unistd.h>
 
 #include <cstdint>
@@ -496,6 +500,39 @@ TEST(Prefetcher, AnExceptionInTheBackgroundSurfacesInTake) {
   EXPECT_CONTAINS(error_of<lt::DataError>([&] { pf.take({0, 1}, 0); }), "a1.jpg");
   EXPECT_EQ(pf.take({2}, 0).input.size(0), 1);  // the prefetcher keeps working after an error
   EXPECT_THROW(pf.take({5}, 0), std::out_of_range);
+}
+
+// Note [Pinned batches]: `prepare` runs once on every batch, prefetched (on the background
+// thread) or built in take() (on the caller's), before the caller sees it.
+TEST(Prefetcher, PrepareRunsOnEveryBatchOnTheThreadThatBuiltIt) {
+  const std::string root = rgb_folder("rgb_prepare", 8, 40, 50);
+  ImageFolderConfig c;
+  c.train = root;
+  std::shared_ptr<const lt::data::Dataset> d = lt::data::make_image_folder(c, images(3, 24, 2)).train;
+  std::mutex mu;
+  std::vector<std::thread::id> threads;
+  lt::data::Prefetcher pf(d, 2, [&](lt::data::Batch& b) {
+    b.tokens = 1000 + b.input.size(0);  // a mark the caller sees
+    std::lock_guard<std::mutex> lock(mu);
+    threads.push_back(std::this_thread::get_id());
+  });
+  pf.want({0, 1}, 0);
+  for (int i = 0; i < 500; ++i) {  // until the background thread has built it (at most 5 s)
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!threads.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto wanted = pf.take({0, 1}, 0);
+  const auto unwanted = pf.take({2, 3, 4}, 0);
+  EXPECT_EQ(wanted.tokens, 1002);
+  EXPECT_EQ(unwanted.tokens, 1003);
+  EXPECT_TRUE(torch::equal(wanted.input, d->get({0, 1}, 0).input));  // prepared, not changed otherwise
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(threads.size(), 2u);
+  EXPECT_NE(threads[0], std::this_thread::get_id());  // the prefetched one: the background thread
+  EXPECT_EQ(threads[1], std::this_thread::get_id());  // the one take() built: this thread
 }
 
 TEST(Prefetcher, DestructionWithPendingBatchesJoins) {

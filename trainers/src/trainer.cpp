@@ -116,7 +116,12 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
     throw ConfigError("train.global_batch = " + std::to_string(t.global_batch) +
                       ": larger than the training set (" + std::to_string(n_train) + " samples)");
   total_steps_ = t.steps > 0 ? t.steps : t.epochs * steps_per_epoch_;
-  prefetch_ = std::make_unique<data::Prefetcher>(parts_.train);
+  std::function<void(data::Batch&)> pin;  // Note [Pinned batches]: on a GPU, pinned on the prefetch thread
+  if (device_.is_cuda()) pin = [index = ctx.device_index](data::Batch& b) {
+    bind_device(index);  // the thread's CUDA context is its rank's GPU, not device 0
+    data::pin_memory(b);
+  };
+  prefetch_ = std::make_unique<data::Prefetcher>(parts_.train, 2, std::move(pin));
 
   auto& model = *parts_.model;
   model.to(device_);
@@ -286,8 +291,10 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
       torch::Tensor loss;
       {
         AutocastGuard ac(precision_, device_.type());
-        loss = parts_.model->forward_loss_with(batch.input.to(device_), batch.target.to(device_),
-                                               data::fields_on(batch, device_));
+        const bool async = device_.is_cuda();  // pinned: Note [Pinned batches]
+        const auto on = torch::TensorOptions().device(device_);
+        loss = parts_.model->forward_loss_with(batch.input.to(on, async), batch.target.to(on, async),
+                                               data::fields_on(batch, device_, async));
       }
       // The buckets' all-reduces start inside the last micro-batch's backward (comm.overlap);
       // with sharded gradients every micro-batch's buckets are reduce-scattered. GradientSync

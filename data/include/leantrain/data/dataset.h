@@ -27,11 +27,25 @@ struct Batch {
   std::map<std::string, torch::Tensor> fields;
 };
 
-/// A batch's fields moved to `device` (what Model::forward_with takes).
-inline std::map<std::string, torch::Tensor> fields_on(const Batch& batch, const torch::Device& device) {
+/// A batch's fields moved to `device` (what Model::forward_with takes); `non_blocking` for
+/// pinned batches (pin_memory below).
+inline std::map<std::string, torch::Tensor> fields_on(const Batch& batch, const torch::Device& device,
+                                                      bool non_blocking = false) {
   std::map<std::string, torch::Tensor> out;
-  for (const auto& [name, t] : batch.fields) out[name] = t.to(device);
+  for (const auto& [name, t] : batch.fields) out[name] = t.to(torch::TensorOptions().device(device), non_blocking);
   return out;
+}
+
+/// Note [Pinned batches]: on a GPU, a batch built in page-locked host memory is copied to the
+/// device by DMA without a host sync (to(device, non_blocking = true)), so the copy overlaps the
+/// previous micro-batch's kernels; a pageable one is staged and copied synchronously. The
+/// trainer pins each batch on the prefetch thread (Prefetcher's `prepare`), off the step's
+/// path; PyTorch's pinned-memory allocator keeps the host block until the copy has run.
+/// Needs CUDA (not called on CPU runs).
+inline void pin_memory(Batch& batch) {
+  batch.input = batch.input.pin_memory();
+  if (batch.target.defined()) batch.target = batch.target.pin_memory();
+  for (auto& [name, t] : batch.fields) t = t.pin_memory();
 }
 
 class Dataset {

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -26,7 +27,11 @@ class Prefetcher {
   /// `max_pending`: wanted batches held at once (built or not); a want() beyond it is ignored
   /// (take() then builds that batch itself). One background thread builds them in want() order;
   /// the Dataset parallelises inside get() (image_folder's workers).
-  explicit Prefetcher(std::shared_ptr<const Dataset> data, int max_pending = 2);
+  /// `prepare`, when given, runs on every batch right after Dataset::get, on the thread that
+  /// built it (the background thread, or take()'s caller): on a GPU the trainer pins the batch
+  /// there, so that its copy to the device can be non-blocking (Note [Pinned batches]).
+  explicit Prefetcher(std::shared_ptr<const Dataset> data, int max_pending = 2,
+                      std::function<void(Batch&)> prepare = {});
   /// Stops the background thread after the batch it is building (if any) and joins it; batches
   /// not taken are dropped.
   ~Prefetcher();
@@ -54,7 +59,10 @@ class Prefetcher {
   struct Slot;
   void loop();
 
+  Batch build(const std::vector<int64_t>& indices, int64_t epoch) const;  // get + prepare
+
   std::shared_ptr<const Dataset> data_;
+  std::function<void(Batch&)> prepare_;
   size_t max_pending_;
   mutable std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
