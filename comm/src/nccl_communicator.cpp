@@ -28,6 +28,7 @@
 #include <mutex>
 #include <thread>
 
+#include "abort_once.h"
 #include "leantrain/comm/mpi_communicator.h"
 #include "leantrain/runtime/log.h"
 #endif
@@ -98,11 +99,21 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // rank with the MPI backend's exit code. The watchdog does this itself, from its own thread:
 // the main thread may be blocked in a host sync (loss.item()) behind the stuck kernel and
 // would never get to look. Open MPI's MPI_Abort only asks the local daemon to kill the job,
-// which works from any thread (the MPI backend initialises MPI_THREAD_FUNNELED; no other MPI
-// call is made off the main thread). The watchdog also covers the host calls that can block
-// on peers: ncclCommInitRank (until every rank has joined) and each enqueue (NCCL connects two
-// ranks lazily, inside the first collective between them).
+// which works from any thread (the MPI backend initialises MPI_THREAD_SERIALIZED: MPI calls
+// come from one thread at a time — the main thread, or the autograd engine's device thread
+// in a gradient hook — and none from the watchdog but this MPI_Abort). The watchdog also
+// covers the host calls that can block on peers: ncclCommInitRank (until every rank has
+// joined) and each enqueue (NCCL connects two ranks lazily, inside the first collective
+// between them). Which thread may touch the communicator, and which one ends it (exactly
+// once), is Note [NCCL communicator lifetime] (abort_once.h).
 constexpr auto kWatchdogPoll = std::chrono::milliseconds(100);
+// How long an abort waits for an NCCL call in flight on another thread to return before it
+// aborts under it (that call is then blocked on a peer: Note [NCCL communicator lifetime]).
+constexpr auto kAbortGrace = std::chrono::milliseconds(2000);
+
+[[noreturn]] void park() {
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
 
 struct Pending {
   cudaEvent_t done = nullptr;  // recorded on the NCCL stream after the collective
@@ -130,45 +141,69 @@ struct NcclCommunicator::Impl {
   int rank = 0, size = 1, device = 0;
   std::atomic<double> timeout_s{300.0};
   int64_t step = 0;  // mirrored from the Communicator before each collective
-  ncclComm_t comm = nullptr;
+  // The communicator's one owner: used by one call at a time, polled only while running,
+  // ended (ncclCommAbort or ncclCommDestroy) exactly once (Note [NCCL communicator lifetime]).
+  AbortOnce<ncclComm_t> life;
   cudaStream_t stream = nullptr;
-  bool broken = false;  // aborted after a synchronous NCCL error: every later call throws
 
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::shared_ptr<Pending>> pending;  // guarded by mu
   std::shared_ptr<Pending> blocking;             // a blocking host call under watch; guarded by mu
   bool stopping = false;                         // guarded by mu
-  std::atomic<bool> failing{false};
+  std::atomic<bool> failing{false};  // set first by fail() and abort(): the job is ending
   std::thread watchdog;
 
   ~Impl();
 
   std::string where() const { return "rank " + std::to_string(rank) + " host " + host; }
 
+  // Aborts the communicator unless another thread has ended it or is ending it (then it is
+  // not touched: that thread aborts it, once). Never waits for that other thread: it may be
+  // joining the watchdog, which may be the caller.
+  void abort_comm() {
+    life.end_once(
+        [](ncclComm_t c) {
+          if (c) ncclCommAbort(c);
+        },
+        kAbortGrace);
+  }
+
   // Reports, aborts the communicator and ends the job. Never returns; a second caller (the
   // main thread and the watchdog racing) waits for the first one's MPI_Abort.
   [[noreturn]] void fail(const std::string& msg) {
-    if (failing.exchange(true))
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (failing.exchange(true)) park();
     lt::log::error(msg);
-    if (comm) ncclCommAbort(comm);
+    abort_comm();
     MPI_Abort(MPI_COMM_WORLD, kExitCollectiveTimeout);
     std::_Exit(kExitCollectiveTimeout);  // MPI_Abort does not return; if it did, still end
   }
 
-  // An asynchronous NCCL error on the communicator ends the job (Note [NCCL watchdog]).
+  // The communicator was ended by another call: while the job is ending (fail() or abort()
+  // on another thread) wait for its MPI_Abort; else (a synchronous NCCL error before) throw.
+  [[noreturn]] void ended_elsewhere() const {
+    if (failing.load()) park();
+    throw std::runtime_error("the NCCL communicator on " + where() +
+                             " was aborted after an earlier error; no collective can run");
+  }
+
+  // An asynchronous NCCL error on the communicator ends the job (Note [NCCL watchdog]). The
+  // query is skipped while another thread is inside an NCCL call (its deadline is watched)
+  // and once the communicator is being ended.
   void check_async(const Pending* in_flight) {
-    if (!comm) return;
     ncclResult_t async = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
-    if (r != ncclSuccess) async = r;
+    std::string last;
+    life.try_use([&](ncclComm_t c) {
+      const ncclResult_t r = ncclCommGetAsyncError(c, &async);
+      if (r != ncclSuccess) async = r;
+      if (async != ncclSuccess && async != ncclInProgress) last = ncclGetLastError(c);
+    });
     if (async == ncclSuccess || async == ncclInProgress) return;
     std::string during = in_flight ? " during " + in_flight->what + " (" + std::to_string(in_flight->bytes) +
                                          " bytes, step " + std::to_string(in_flight->step) + ")"
                                    : "";
     fail("NCCL reported an asynchronous error on " + where() + during + ": " + ncclGetErrorString(async) + " (" +
-         ncclGetLastError(comm) + "); a peer rank or its network link failed; aborting the job");
+         last + "); a peer rank or its network link failed; aborting the job");
   }
 
   // True once `p` completed; ends the job when it is past its deadline or CUDA failed.
@@ -233,18 +268,21 @@ struct NcclCommunicator::Impl {
     if (watchdog.joinable()) watchdog.join();
   }
 
-  // A synchronous NCCL failure: abort the communicator, then throw (Horovod's order).
+  // A synchronous NCCL failure: abort the communicator, then throw (Horovod's order). Never
+  // called inside life.use() (end_once would wait its grace for that very use).
   void nccl_check(ncclResult_t r, const std::string& what) {
     if (r == ncclSuccess) return;
     watch_blocking(nullptr);
     std::string detail = ncclGetErrorString(r);
-    if (comm) {
-      detail += std::string(" (") + ncclGetLastError(comm) + ")";
-      stop_watchdog();  // it polls the communicator we are about to free
-      ncclCommAbort(comm);
-      comm = nullptr;
-      broken = true;
-    }
+    const bool ended_here = life.end_once(
+        [&](ncclComm_t c) {
+          if (!c) return;  // before ncclCommInitRank succeeded: nothing to abort
+          detail += std::string(" (") + ncclGetLastError(c) + ")";
+          stop_watchdog();  // a broken communicator is watched no more (nor polled: not running)
+          ncclCommAbort(c);
+        },
+        kAbortGrace);
+    if (!ended_here) ended_elsewhere();  // the watchdog's fail() got there first
     throw std::runtime_error("NCCL " + what + " failed on " + where() + ": " + detail +
                              "; the NCCL communicator was aborted (see NCCL_DEBUG=WARN for details)");
   }
@@ -256,9 +294,7 @@ struct NcclCommunicator::Impl {
   }
 
   void usable() const {
-    if (broken)
-      throw std::runtime_error("the NCCL communicator on " + where() +
-                               " was aborted after an earlier error; no collective can run");
+    if (!life.usable()) ended_elsewhere();
   }
 
   // The CUDA tensor's checks: on this rank's device; a type NCCL can sum (for reductions).
@@ -284,6 +320,8 @@ struct NcclCommunicator::Impl {
   //      it later sees the result.
   // The tensors are recorded on the NCCL stream in the caching allocator (c10d's recordStream)
   // so a tensor freed before wait() is not handed out again while NCCL still writes it.
+  // `issue(comm)` makes the NCCL calls of step 2 and returns the first failure; it runs as
+  // the communicator's one use in flight (Note [NCCL communicator lifetime]).
   template <class Issue>
   std::shared_ptr<Pending> launch(const std::string& what, int64_t bytes, const std::vector<torch::Tensor>& tensors,
                                   Issue&& issue) {
@@ -303,10 +341,17 @@ struct NcclCommunicator::Impl {
     p->timeout_s = timeout_s.load();
     cuda_check(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), "cudaEventCreate");
     watch_blocking(p);
-    nccl_check(ncclGroupStart(), what);
-    issue();
-    nccl_check(ncclGroupEnd(), what);
+    ncclResult_t r = ncclSuccess;
+    const bool ran = life.use([&](ncclComm_t c) {
+      r = ncclGroupStart();
+      if (r != ncclSuccess) return;
+      r = issue(c);
+      const ncclResult_t end = ncclGroupEnd();  // closes the group after a failed call too
+      if (r == ncclSuccess) r = end;
+    });
     watch_blocking(nullptr);
+    if (!ran) ended_elsewhere();  // ended while this thread waited for its turn
+    nccl_check(r, what);
     cuda_check(cudaEventRecord(p->done, stream), "cudaEventRecord");
     const auto nccl_stream = c10::cuda::getStreamFromExternal(stream, static_cast<c10::DeviceIndex>(device));
     for (const auto& t : tensors)
@@ -331,17 +376,18 @@ NcclCommunicator::Impl::~Impl() {
   // Let queued NCCL work finish under the watchdog's eye, unless we are unwinding from an
   // error (a peer may never join the collective we would wait on: abort instead).
   const bool unwinding = std::uncaught_exceptions() > 0;
-  if (comm && stream && !unwinding) cudaStreamSynchronize(stream);
+  if (life.usable() && stream && !unwinding) cudaStreamSynchronize(stream);
   stop_watchdog();
   pending.clear();
   blocking.reset();
-  if (comm) {
+  // Unless an error ended it already (then it is not touched again).
+  life.end_once([unwinding](ncclComm_t c) {
+    if (!c) return;
     if (unwinding)
-      ncclCommAbort(comm);
+      ncclCommAbort(c);
     else
-      ncclCommDestroy(comm);
-    comm = nullptr;
-  }
+      ncclCommDestroy(c);
+  });
   if (stream) cudaStreamDestroy(stream);
   mpi.reset();
 }
@@ -370,6 +416,17 @@ class NcclWork final : public Work {
     waited_ = true;
     keep_.clear();
     copy_back_.clear();
+  }
+
+  // Note [Buckets in flight on a GPU] (grad_sync.cpp): the host waits for the collective's
+  // completion event, polling as test() does, so that NCCL's asynchronous errors and the
+  // watchdog's deadline still end a stuck wait; then wait() as usual.
+  void wait_host() override {
+    while (!impl_.poll(*p_)) {
+      impl_.check_async(p_.get());
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    wait();
   }
 
  private:
@@ -424,10 +481,12 @@ NcclCommunicator::NcclCommunicator(double timeout_s, std::string host, int devic
   init->timeout_s = timeout_s;
   init->collective = false;
   m.watch_blocking(init);
-  const ncclResult_t r = ncclCommInitRank(&m.comm, m.size, id, m.rank);
+  // Into a local: the watchdog may be ending the job meanwhile (this call's deadline).
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRank(&comm, m.size, id, m.rank);
   m.watch_blocking(nullptr);
-  if (r != ncclSuccess) m.comm = nullptr;
-  m.nccl_check(r, "ncclCommInitRank");
+  m.nccl_check(r, "ncclCommInitRank");  // on failure NCCL freed what it made: nothing to abort
+  if (!m.life.publish(comm)) m.ended_elsewhere();  // the watchdog's fail() is ending the job
 }
 
 NcclCommunicator::~NcclCommunicator() = default;
@@ -452,11 +511,10 @@ std::unique_ptr<Work> NcclCommunicator::allreduce_sum_async(torch::Tensor t) {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;
   if (!buf.is_same(t)) copy_back.emplace_back(t, buf);
   const auto type = static_cast<ncclDataType_t>(nccl_data_type(buf.scalar_type()));
-  auto p = m.launch("all-reduce", static_cast<int64_t>(buf.nbytes()), {buf}, [&] {
-    if (buf.numel() > 0)
-      m.nccl_check(ncclAllReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), type, ncclSum,
-                                 m.comm, m.stream),
-                   "all-reduce");
+  auto p = m.launch("all-reduce", static_cast<int64_t>(buf.nbytes()), {buf}, [&](ncclComm_t c) {
+    if (buf.numel() == 0) return ncclSuccess;
+    return ncclAllReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()), type, ncclSum, c,
+                         m.stream);
   });
   return std::make_unique<NcclWork>(m, std::move(p), std::vector<torch::Tensor>{buf}, std::move(copy_back));
 }
@@ -494,13 +552,15 @@ void NcclCommunicator::allreduce_sum_many(std::vector<torch::Tensor>& tensors) {
   std::unique_ptr<Work> work;
   if (!cuda.empty()) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(m.device));
-    auto p = m.launch("all-reduce of " + std::to_string(cuda.size()) + " tensors", cuda_bytes, cuda, [&] {
-      for (auto& b : cuda)
-        if (b.numel() > 0)
-          m.nccl_check(ncclAllReduce(b.data_ptr(), b.data_ptr(), static_cast<size_t>(b.numel()),
-                                     static_cast<ncclDataType_t>(nccl_data_type(b.scalar_type())), ncclSum, m.comm,
-                                     m.stream),
-                       "all-reduce");
+    auto p = m.launch("all-reduce of " + std::to_string(cuda.size()) + " tensors", cuda_bytes, cuda, [&](ncclComm_t c) {
+      for (auto& b : cuda) {
+        if (b.numel() == 0) continue;
+        const ncclResult_t r = ncclAllReduce(b.data_ptr(), b.data_ptr(), static_cast<size_t>(b.numel()),
+                                             static_cast<ncclDataType_t>(nccl_data_type(b.scalar_type())), ncclSum,
+                                             c, m.stream);
+        if (r != ncclSuccess) return r;
+      }
+      return ncclSuccess;
     });
     work = std::make_unique<NcclWork>(m, std::move(p), cuda, std::move(copy_back));
   }
@@ -523,11 +583,9 @@ void NcclCommunicator::broadcast(torch::Tensor& t, int root) {
   if (!buf.is_same(t)) copy_back.emplace_back(t, buf);
   // A broadcast copies bytes: any dtype travels as uint8.
   const auto bytes = static_cast<int64_t>(buf.nbytes());
-  auto p = m.launch("broadcast", bytes, {buf}, [&] {
-    if (bytes > 0)
-      m.nccl_check(ncclBroadcast(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(bytes), ncclUint8, root, m.comm,
-                                 m.stream),
-                   "broadcast");
+  auto p = m.launch("broadcast", bytes, {buf}, [&](ncclComm_t c) {
+    if (bytes == 0) return ncclSuccess;
+    return ncclBroadcast(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(bytes), ncclUint8, root, c, m.stream);
   });
   NcclWork(m, std::move(p), {buf}, std::move(copy_back)).wait();
 }
@@ -541,10 +599,9 @@ std::vector<torch::Tensor> NcclCommunicator::allgather(const torch::Tensor& t) {
   auto in = t.contiguous();
   auto out = torch::empty({m.size, in.numel()}, in.options());
   const auto bytes = static_cast<int64_t>(in.nbytes());
-  auto p = m.launch("all-gather", bytes * m.size, {in, out}, [&] {
-    if (bytes > 0)
-      m.nccl_check(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(bytes), ncclUint8, m.comm, m.stream),
-                   "all-gather");
+  auto p = m.launch("all-gather", bytes * m.size, {in, out}, [&](ncclComm_t c) {
+    if (bytes == 0) return ncclSuccess;
+    return ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(bytes), ncclUint8, c, m.stream);
   });
   NcclWork(m, std::move(p), {in, out}, {}).wait();
   std::vector<torch::Tensor> parts;
@@ -555,7 +612,7 @@ std::vector<torch::Tensor> NcclCommunicator::allgather(const torch::Tensor& t) {
 namespace {
 
 // A sharded collective on the comm stream over t's contiguous buffer (t itself, or a copy
-// written back in wait()); `call` issues the NCCL call on it.
+// written back in wait()); `call(comm, base, buf)` issues the NCCL call on it and returns its result.
 template <class Call>
 std::unique_ptr<Work> in_place_collective(NcclCommunicator::Impl& m, int64_t step, const torch::Tensor& t,
                                           const char* what, bool reduce, Call&& call) {
@@ -565,7 +622,8 @@ std::unique_ptr<Work> in_place_collective(NcclCommunicator::Impl& m, int64_t ste
   auto buf = t.is_contiguous() ? t : t.contiguous();
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;
   if (!buf.is_same(t)) copy_back.emplace_back(t, buf);
-  auto p = m.launch(what, static_cast<int64_t>(buf.nbytes()), {buf}, [&] { call(static_cast<char*>(buf.data_ptr()), buf); });
+  auto p = m.launch(what, static_cast<int64_t>(buf.nbytes()), {buf},
+                    [&](ncclComm_t c) { return call(c, static_cast<char*>(buf.data_ptr()), buf); });
   return std::make_unique<NcclWork>(m, std::move(p), std::vector<torch::Tensor>{buf}, std::move(copy_back));
 }
 
@@ -579,13 +637,14 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_sum_async(torch::Tensor t
   ++stats_.reduce_scatter_calls;
   stats_.reduce_scatter_bytes += static_cast<int64_t>(t.nbytes());
   if (!t.is_cuda()) return m.mpi->reduce_scatter_sum_async(t);
-  return in_place_collective(m, step(), t, "reduce-scatter", true, [&](char* base, const torch::Tensor& buf) {
-    if (chunk > 0)
-      m.nccl_check(ncclReduceScatter(base, base + m.rank * chunk * buf.element_size(), static_cast<size_t>(chunk),
-                                     static_cast<ncclDataType_t>(nccl_data_type(buf.scalar_type())), ncclSum, m.comm,
-                                     m.stream),
-                   "reduce-scatter");
-  });
+  return in_place_collective(m, step(), t, "reduce-scatter", true,
+                             [&](ncclComm_t c, char* base, const torch::Tensor& buf) {
+                               if (chunk == 0) return ncclSuccess;
+                               return ncclReduceScatter(base, base + m.rank * chunk * buf.element_size(),
+                                                        static_cast<size_t>(chunk),
+                                                        static_cast<ncclDataType_t>(nccl_data_type(buf.scalar_type())),
+                                                        ncclSum, c, m.stream);
+                             });
 }
 
 // ncclAllGather in place (sendbuff == recvbuff + rank * sendcount); bytes travel as uint8.
@@ -595,11 +654,9 @@ std::unique_ptr<Work> NcclCommunicator::allgather_async(torch::Tensor t) {
   ++stats_.allgather_calls;
   stats_.allgather_bytes += static_cast<int64_t>(t.nbytes());
   if (!t.is_cuda()) return m.mpi->allgather_async(t);
-  return in_place_collective(m, step(), t, "all-gather", false, [&](char* base, const torch::Tensor&) {
-    if (chunk_bytes > 0)
-      m.nccl_check(
-          ncclAllGather(base + m.rank * chunk_bytes, base, static_cast<size_t>(chunk_bytes), ncclUint8, m.comm, m.stream),
-          "all-gather");
+  return in_place_collective(m, step(), t, "all-gather", false, [&](ncclComm_t c, char* base, const torch::Tensor&) {
+    if (chunk_bytes == 0) return ncclSuccess;
+    return ncclAllGather(base + m.rank * chunk_bytes, base, static_cast<size_t>(chunk_bytes), ncclUint8, c, m.stream);
   });
 }
 
@@ -608,9 +665,8 @@ void NcclCommunicator::barrier() { impl_->mpi->barrier(); }
 void NcclCommunicator::abort(int code) {
   auto& m = *impl_;
   if (m.size == 1) return;  // nobody waits on us: the caller exits by itself
-  if (m.failing.exchange(true))
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  if (m.comm) ncclCommAbort(m.comm);
+  if (m.failing.exchange(true)) park();  // the watchdog is ending the job already
+  m.abort_comm();
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

@@ -9,9 +9,10 @@
 #   bash tests/gpu/run.sh --configure-only   # anywhere: resolve and unpack deps, run CMake
 #   bash tests/gpu/run.sh --build-only       # anywhere: also build, run nothing
 #
-# Missing Open MPI/HDF5/GoogleTest/toml++/CLI11/spdlog/json/pkg-config come from the .deb files
-# tests/gpu/fetch_debs.sh put in .cache/gpu-debs (carried along), unpacked with dpkg -x into a
-# prefix — never into / — and only those whose shared libraries the machine lacks.
+# Missing CMake/ninja/Open MPI/HDF5/libjpeg/libpng/GoogleTest/toml++/CLI11/spdlog/json/pkg-config
+# come from the .deb files tests/gpu/fetch_debs.sh put in .cache/gpu-debs (carried along),
+# unpacked with dpkg -x into a prefix — never into / — and only those whose shared libraries
+# the machine lacks; the bundle's bundle.env then points the environment into that prefix.
 # Logs go to $OUT (the device tool's folder) or .cache/gpu-out.
 set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -55,10 +56,6 @@ finish() { summary | tee "$out/summary.txt"; [ "$failed" -eq 0 ]; exit $?; }
   [ -r /etc/os-release ] && grep PRETTY_NAME /etc/os-release
 } 2>&1 | tee "$out/setup.txt"
 
-for t in g++ cmake ninja; do
-  command -v "$t" >/dev/null || { record "tools" FAIL "$t not on PATH"; finish; }
-done
-
 # ------------------------------------------------------------------ PyTorch, CUDA, NCCL
 py=""
 for cand in "$top/.venv/bin/python" python3 python; do
@@ -83,7 +80,6 @@ done
 record "cuda toolkit / nccl" ok "${cuda_root:-none} / ${nccl_root:-none}"
 
 # ------------------------------------------------------------------ Debian packages
-opal_runtime=0
 dep_prefix=""
 if [ -d "$debs" ] && ls "$debs"/*.deb >/dev/null 2>&1; then
   rm -rf "$pfx"
@@ -114,19 +110,24 @@ if [ -d "$debs" ] && ls "$debs"/*.deb >/dev/null 2>&1; then
   done < <(find "$pfx" -xtype l -name 'lib*.so*' 2>/dev/null)
   # The wrappers hold their install prefix: point them at the unpacked tree.
   [ -f "$pfx/usr/bin/h5cc" ] && sed -i "s#^prefix=\"/usr\"#prefix=\"$pfx/usr\"#" "$pfx/usr/bin/h5cc"
-  [ -f "$pfx/usr/lib/x86_64-linux-gnu/libmpi.so.40" ] && opal_runtime=1
   dep_prefix=$pfx/usr
   printf '%s\n' "unpacked: ${unpacked[*]}" "machine has: ${kept[*]}" >>"$out/setup.txt"
   record "debian packages" ok "${#unpacked[@]} unpacked into $pfx, ${#kept[@]} already on the machine"
-  lib=$pfx/usr/lib/x86_64-linux-gnu
-  export LD_LIBRARY_PATH="$lib:$lib/hdf5/serial:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export PATH="$PATH:$pfx/usr/bin"  # after the machine's own tools
-  export PKG_CONFIG_SYSROOT_DIR=$pfx PKG_CONFIG_LIBDIR="$lib/pkgconfig:$pfx/usr/share/pkgconfig"
-  # Open MPI from the prefix, at run time too (its plugins, help files, orted).
-  [ "$opal_runtime" = 1 ] && export OPAL_PREFIX=$pfx/usr PATH="$pfx/usr/bin:$PATH"
+  # LD_LIBRARY_PATH, PATH (after the machine's own tools), PKG_CONFIG_*, and Open MPI's and
+  # PMIx's prefixes (OPAL_PREFIX, PMIX_INSTALL_PREFIX: their plugins, at run time too).
+  [ -f "$debs/bundle.env" ] || { record "debian packages" FAIL "$debs has no bundle.env: run tests/gpu/fetch_debs.sh again"; finish; }
+  # shellcheck disable=SC1091
+  . "$debs/bundle.env"
+  # LEANTRAIN_GPU_ISOLATE=1 (fetch_debs.sh --configure-only): the prefix's tools first.
+  [ -n "${LEANTRAIN_GPU_ISOLATE:-}" ] && export PATH="$pfx/usr/bin:$PATH"
 else
   record "debian packages" skip "none carried ($debs): using the machine's"
 fi
+# CMake and ninja: the machine's, or the bundle's (on the PATH now).
+for t in g++ cmake ninja; do
+  command -v "$t" >/dev/null || { record "tools" FAIL "$t not on PATH (nor in the bundle)"; finish; }
+done
+echo "tools: cmake $(command -v cmake) ($(cmake --version | head -1)), ninja $(command -v ninja)" | tee -a "$out/setup.txt"
 
 # ------------------------------------------------------------------ configure
 cmake_args=(-S "$top" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
@@ -142,6 +143,10 @@ if [ -n "$dep_prefix" ]; then
   fi
   [ -x "$dep_prefix/bin/h5cc" ] && cmake_args+=("-DHDF5_C_COMPILER_EXECUTABLE=$dep_prefix/bin/h5cc")
   [ -x "$dep_prefix/bin/pkgconf" ] && cmake_args+=("-DPKG_CONFIG_EXECUTABLE=$dep_prefix/bin/pkgconf")
+  # The check of the bundle alone: the machine's /usr (and /, merged with it) hidden from
+  # find_package/find_library/find_path, and the bundle's ninja.
+  [ -n "${LEANTRAIN_GPU_ISOLATE:-}" ] &&
+    cmake_args+=("-DCMAKE_IGNORE_PREFIX_PATH=/usr;/" "-DCMAKE_MAKE_PROGRAM=$(command -v ninja)")
 fi
 rm -f "$build/CMakeCache.txt"
 if env ${wrapper_prefix:+OPAL_PREFIX=$wrapper_prefix} cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1; then
@@ -154,7 +159,7 @@ else
 fi
 {
   echo "resolved in $build/CMakeCache.txt:"
-  grep -E '^(MPI_C_HEADER_DIR|MPI_mpi_LIBRARY|GTest_DIR|spdlog_DIR|fmt_DIR|CLI11_DIR|nlohmann_json_DIR|LT_NCCL_LIBRARY|LT_NCCL_INCLUDE_DIR|CUDAToolkit_NVCC_EXECUTABLE|Torch_DIR|ZLIB_LIBRARY_RELEASE|PKG_CONFIG_EXECUTABLE)[:=]' "$build/CMakeCache.txt"
+  grep -E '^(CMAKE_COMMAND|CMAKE_MAKE_PROGRAM|MPI_C_HEADER_DIR|MPI_mpi_LIBRARY|GTest_DIR|spdlog_DIR|fmt_DIR|CLI11_DIR|nlohmann_json_DIR|LT_NCCL_LIBRARY|LT_NCCL_INCLUDE_DIR|CUDAToolkit_NVCC_EXECUTABLE|Torch_DIR|ZLIB_LIBRARY_RELEASE|JPEG_LIBRARY_RELEASE|PNG_LIBRARY_RELEASE|PKG_CONFIG_EXECUTABLE)[:=]' "$build/CMakeCache.txt"
   grep -E "^(pkgcfg_lib_TOMLPP_tomlplusplus|HDF5_C_LIBRARY_hdf5|HDF5_C_COMPILER_EXECUTABLE)[:=]" "$build/CMakeCache.txt"
 } | tee -a "$out/setup.txt"
 [ "$mode" = configure ] && finish
