@@ -18,6 +18,7 @@
 #include "leantrain/models/model.h"
 #include "leantrain/models/registry.h"
 #include "leantrain/optim/optimizer.h"
+#include "leantrain/runtime/device.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/log.h"
 #include "leantrain/runtime/memory_meter.h"
@@ -523,7 +524,7 @@ void choose(const Planner& s, const PlanOptions& opt) {
 
 Plan make_plan(const Config& cfg, const RuntimeContext& ctx, int world_size, const PlanOptions& opt) {
   const int64_t per_rank = checked_per_rank_batch(cfg.train, world_size, opt);
-  const torch::Device device = ctx.on_cuda() ? torch::Device(torch::kCUDA, ctx.device_index) : torch::Device(torch::kCPU);
+  const torch::Device device = device_of(ctx);
   MemoryMeter meter(ctx.device_index);
   Plan plan = empty_plan(opt, world_size, cfg.train.global_batch, meter);
   const std::vector<std::string> precisions = candidate_precisions(opt, device);

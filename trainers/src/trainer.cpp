@@ -16,6 +16,7 @@
 #include "leantrain/optim/optimizer.h"
 #include "leantrain/optim/sharded_optimizer.h"
 #include "leantrain/recompute/recompute.h"
+#include "leantrain/runtime/device.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/log.h"
 #include "leantrain/trainers/preemption.h"
@@ -88,7 +89,7 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
       comm_(comm),
       opt_(std::move(opt)),
       hooks_(opt_.hooks ? opt_.hooks : std::make_shared<TrainerHooks>()),
-      device_(ctx.on_cuda() ? torch::Device(torch::kCUDA, ctx.device_index) : torch::Device(torch::kCPU)),
+      device_(device_of(ctx)),
       precision_(parse_precision(cfg.precision.mode)),
       meter_(ctx.device_index),
       nonfinite_(cfg.train.nonfinite, cfg.train.nonfinite_max_skips, precision_ == Precision::kFp16),
@@ -558,8 +559,7 @@ TrainSummary run_training(const Config& cfg, const RuntimeContext& ctx, comm::Co
   opt.start = start;
   opt.hooks = hooks_from_env(comm.size());
   // Note [Setup agreement] (comm/src/agreement.cpp): a model or data error on one rank stops every rank.
-  const torch::Device device = ctx.on_cuda() ? torch::Device(torch::kCUDA, ctx.device_index) : torch::Device(torch::kCPU);
-  Components parts = comm::agreed_setup(comm, device, [&] { return make_components(cfg); });
+  Components parts = comm::agreed_setup(comm, device_of(ctx), [&] { return make_components(cfg); });
   Trainer trainer(cfg, std::move(parts), ctx, comm, std::move(opt));
   return trainer.run();
 }
