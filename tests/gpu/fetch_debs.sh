@@ -210,6 +210,22 @@ esac
 printf '  %-10s %-32s %s  [%s]\n' hdf5 "headers (build.ninja)" "${hdf5_inc:-?}" "$verdict"
 leaks=$(grep -o -E "(^| |-I|-isystem |-L|-Wl,-rpath,)/usr/(include|lib/$multiarch|local/include|local/lib)[^ ]*" "$ninja_file" |
         sed -E 's/^ //' | grep -v -E "/lib(pthread|dl|m|rt|c)\.(a|so)$" | sort -u || true)
+# The CUDA toolkit is the machine's on every machine here (/usr/local/cuda, and on some the
+# links /usr/local/lib/libcudart.so -> /usr/local/cuda-13.0/...): a path that resolves into
+# it is not a leak, whatever folder names it.
+cuda_ok=""
+if [ -n "$leaks" ]; then
+  kept=""
+  while IFS= read -r l; do
+    target=$(readlink -f "$(sed -E 's/^(-I|-isystem |-L|-Wl,-rpath,)//' <<<"$l")" 2>/dev/null || true)
+    case "$target" in
+      /usr/local/cuda*/*|/usr/local/cuda*) cuda_ok="$cuda_ok $l" ;;
+      *) kept="$kept$l"$'\n' ;;
+    esac
+  done <<<"$leaks"
+  leaks=$(sed '/^$/d' <<<"$kept")
+fi
+[ -n "$cuda_ok" ] && echo "  the machine's CUDA toolkit (allowed):$cuda_ok"
 if [ -n "$leaks" ]; then
   echo "  /usr on the build's compile or link lines (build.ninja): NOT FROM THE BUNDLE:"
   while IFS= read -r l; do echo "    $l"; done <<<"$leaks"
