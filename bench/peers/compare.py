@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""leantrain side by side with the PyTorch DDP recipe (bench/peers/ddp_recipe.py).
+"""leantrain side by side with the PyTorch DDP recipe (bench/peers/ddp_recipe.py), and on the
+Llama rows with the Llama peers (bench/peers/llama_recipe.py: Hugging Face, torchtitan-style
+eager and compiled; Note [Llama peers]).
 
     bench/peers/run.sh [--scale cpu|full|smoke] [--rows REGEX] ...     (builds, then this)
     .venv/bin/python bench/peers/compare.py --bin build/bin [--scale cpu] ...
+    bench/peers/run.sh --scale real --models llama [--ranks 1]          (the Llama rows)
 
 For every row (model x ranks x precision x activation recompute) both sides train the
 same model from the same initial weights on the same samples with the same optimizer,
@@ -57,6 +60,28 @@ SHM = "/dev/shm"
 GPT = "gpt2_small.toml"
 BERT = "bert_base.toml"
 RESNET = "resnet50.toml"
+# A config path with a "/" is relative to the repository, else to configs/.
+LLAMA = "bench/peers/llama_base.toml"
+
+# Note [Llama peers]: the Llama rows have three peers, the ones a user of these models runs
+# (issue 40): Hugging Face's LlamaForCausalLM, and a torchtitan-style module eager and under
+# torch.compile (llama_recipe.py --impl). Each peer gets its own pair of runs with leantrain
+# (taking turns at 1 rank, L P P L at 2 ranks), so at most two processes are alive at once (the
+# real shapes hold 3-5 GB each, in fp32) and every ratio comes from one pair that shared the
+# machine's slow windows. leantrain thus runs once per peer; its columns are over all its runs.
+# The other rows have one peer, the DDP recipe ("peer", ddp_recipe.py).
+LLAMA_PEERS = ("hf", "titan", "titan-compiled")
+PEER_TITLES = {"hf": "HF eager", "titan": "titan eager", "titan-compiled": "titan compiled"}
+# SmolLM2-135M's shape, and a deeper GQA model shaped like Llama 3.2 (llama3 RoPE scaling).
+LLAMA135 = {"model.vocab_size": 49152, "model.hidden_size": 576, "model.intermediate_size": 1536,
+            "model.num_hidden_layers": 30, "model.num_attention_heads": 9, "model.num_key_value_heads": 3,
+            "model.rope_theta": 100000.0, "model.tie_word_embeddings": True, "model.dropout": 0.0}
+LLAMAGQA = {"model.vocab_size": 32000, "model.hidden_size": 1024, "model.intermediate_size": 2816,
+            "model.num_hidden_layers": 16, "model.num_attention_heads": 16, "model.num_key_value_heads": 4,
+            "model.rope_theta": 500000.0, "model.rope_scaling": "llama3", "model.rope_factor": 32.0,
+            "model.rope_low_freq_factor": 1.0, "model.rope_high_freq_factor": 4.0,
+            "model.rope_original_max_position_embeddings": 8192, "model.tie_word_embeddings": False,
+            "model.dropout": 0.0}
 
 # Note [No dropout at CPU scale]: the two frameworks draw different dropout masks, so with
 # dropout on, a run of 2-3 steps ends at losses that differ by mask noise alone (up to 1.3% on
@@ -84,11 +109,25 @@ SCALES: Dict[str, dict] = {
                   "train.min_lr": 0.0, "train.warmup_steps": 1, "data.synthetic_samples": 256,
                   "train.threads": 1},
         "ranks": [1], "precisions": ["fp32", "bf16"], "checkpoints": ["none", "full"],
-        # Every model in fp32; bf16 + full recompute once (gpt): each code path runs once.
-        "only": lambda m, r, p, c: (p, c) == ("fp32", "none") or (m, p, c) == ("gpt", "bf16", "full"),
+        # Every model in fp32; bf16 + full recompute once (gpt, llama): each code path runs once.
+        "only": lambda m, r, p, c: (p, c) == ("fp32", "none") or (m, p, c) in (("gpt", "bf16", "full"),
+                                                                               ("llama", "bf16", "full")),
+        # torch.compile takes ~30 s per new graph here: the compiled peer in the fp32 row only.
+        "peer_only": lambda m, r, p, c, peer: peer != "titan-compiled" or (p, c) == ("fp32", "none"),
         "comm": ["--layers", "1", "--d-model", "64", "--vocab", "256", "--parts", "a", "--warmup", "1",
                  "--iters", "2"],
         "ckpt": ["--model", "small", "--rounds", "1"],
+        # --models llama: GQA 4/2, a tied head and llama3 RoPE scaling whose original context (16)
+        # puts the frequencies in all three of its bands at seq 32.
+        "optional_models": {"llama": {
+            "llama": (LLAMA, {"model.vocab_size": 512, "model.hidden_size": 64, "model.intermediate_size": 160,
+                              "model.num_hidden_layers": 2, "model.num_attention_heads": 4,
+                              "model.num_key_value_heads": 2, "model.rope_theta": 10000.0,
+                              "model.rope_scaling": "llama3", "model.rope_factor": 8.0,
+                              "model.rope_original_max_position_embeddings": 16,
+                              "model.max_position_embeddings": 64, "model.seq_len": 32,
+                              "model.tie_word_embeddings": True, "model.dropout": 0.0}, dict(seq=32)),
+        }},
     },
     "cpu": {
         "models": {
@@ -132,11 +171,20 @@ SCALES: Dict[str, dict] = {
         "train": {"train.global_batch": 8, "train.micro_batch": 4, "train.steps": 3,
                   "data.synthetic_samples": 512},
         "train_by_model": {"bert": {"train.global_batch": 16, "train.micro_batch": 8},
-                           "resnet50": {"train.global_batch": 16, "train.micro_batch": 8}},
+                           "resnet50": {"train.global_batch": 16, "train.micro_batch": 8},
+                           "llama135": {"train.global_batch": 2, "train.micro_batch": 1},
+                           "llamagqa": {"train.global_batch": 2, "train.micro_batch": 1}},
         "repeats_default": 1,
         "doc_marker": "real",
         **EVERY_ROW,
         "ckpt": ["--model", "gpt2_small", "--rounds", "3"],
+        # --models llama (Note [Llama peers]): the issue's two shapes at seq 512; micro-batch 1,
+        # global batch 2 (2 micro-batches at 1 rank, 1 per rank at 2), as Note [CPU scale] shrinks
+        # the batch and not the model: a llama135 fwd+bwd at seq 512 takes seconds on 2 cores.
+        "optional_models": {"llama": {
+            "llama135": (LLAMA, {**LLAMA135, "model.seq_len": 512}, {}),
+            "llamagqa": (LLAMA, {**LLAMAGQA, "model.seq_len": 512}, {}),
+        }},
     },
     # The same rows on one GPU (tests/gpu/peers.sh): 1 rank, the GPU-sized batches of `full`.
     "real-gpu": {
@@ -187,6 +235,7 @@ EXPORT = {"checkpoint.at_end": True, "train.steps": 1, "train.global_batch": 1, 
           "memory.recompute": "none"}
 
 TARGET_SPS, TARGET_SPS_GPT, TARGET_MEM, TARGET_LOSS = 1.0, 1.1, 1.0, 0.01
+TARGET_SPS_LLAMA_EAGER = 1.1  # issue 40: >= 1.1x the stronger eager peer, >= 1.0x the compiled one
 
 
 def set_arg(key: str, value) -> str:
@@ -238,10 +287,30 @@ class Bench:
         return r.stdout + r.stderr
 
     # ---- rows ----
+    def models(self) -> Dict[str, tuple]:
+        """The models --models names (model or optional set names of the scale), else the scale's."""
+        s = self.scale
+        if not self.args.models:
+            return dict(s["models"])
+        sets = s.get("optional_models", {})
+        known = dict(s["models"])
+        for group in sets.values():
+            known.update(group)
+        out = {}
+        for name in self.args.models.split(","):
+            if name in sets:
+                out.update(sets[name])
+            elif name in known:
+                out[name] = known[name]
+            else:
+                raise ValueError(f"--models {self.args.models}: no model or set '{name}' in --scale {self.args.scale} "
+                                 f"(models: {', '.join(known)}; sets: {', '.join(sets) or 'none'})")
+        return out
+
     def rows(self) -> List[dict]:
         s = self.scale
         out = []
-        for m, (config, model_sets, _) in s["models"].items():
+        for m, (config, model_sets, _) in self.models().items():
             train = dict(s["train"])
             if m.startswith("resnet") and "train_resnet" in s:
                 train.update(s["train_resnet"])
@@ -261,9 +330,15 @@ class Bench:
                         if "train.device" in train:
                             sets["train.device"] = train["train.device"]
                         sets.update({"precision.mode": p, "memory.recompute": c})
+                        peers = [q for q in (LLAMA_PEERS if config == LLAMA else ("peer",))
+                                 if s.get("peer_only", lambda *a: True)(m, r, p, c, q)]
                         out.append(dict(label=label, model=m, config=config, model_sets=model_sets,
-                                        train=train, ranks=r, precision=p, ckpt=c, sets=sets))
+                                        train=train, ranks=r, precision=p, ckpt=c, sets=sets, peers=peers))
         return out
+
+    @staticmethod
+    def config_path(config: str) -> str:
+        return os.path.join(ROOT, config) if "/" in config else os.path.join(ROOT, "configs", config)
 
     def export_init(self, row: dict) -> (str, dict):
         """Note [Same start]: (checkpoint path, resolved config of the export run)."""
@@ -275,7 +350,7 @@ class Bench:
             sets.update({k: v for k, v in row["train"].items() if k.startswith("data.")})
             sets.update(COMMON)
             sets.update(EXPORT)  # its end-of-run checkpoint is the export
-            cmd = [self.lt, "train", "--config", os.path.join(ROOT, "configs", row["config"]), "--out", d]
+            cmd = [self.lt, "train", "--config", self.config_path(row["config"]), "--out", d]
             for k, v in sets.items():
                 cmd += ["--set", set_arg(k, v)]
             self.run(cmd, f"init weights for {row['model']} (leantrain, step 0)", env={"LEANTRAIN_FAULT": "nan@1"})
@@ -289,7 +364,7 @@ class Bench:
         # goes to memory when it can: 1.4 GB to the disk costs seconds of wall time per run.
         ckpt_dir = os.path.join(SHM if os.path.isdir(SHM) else out, f"lt-peers-{os.getpid()}")
         shutil.rmtree(ckpt_dir, ignore_errors=True)
-        cmd = [self.lt, "train", "--config", os.path.join(ROOT, "configs", row["config"]), "--out", out,
+        cmd = [self.lt, "train", "--config", self.config_path(row["config"]), "--out", out,
                "--set", f"checkpoint.dir={ckpt_dir}"]
         for k, v in row["sets"].items():
             cmd += ["--set", set_arg(k, v)]
@@ -297,10 +372,14 @@ class Bench:
             cmd = [os.path.join(ROOT, "cluster", "mpirun.sh"), str(row["ranks"])] + cmd
         return cmd, ckpt_dir
 
-    def peer_cmd(self, row: dict, out: str, config_json: str, init: str) -> List[str]:
+    def peer_cmd(self, row: dict, out: str, config_json: str, init: str, peer: str = "peer") -> List[str]:
+        """The command of one peer run: ddp_recipe.py ("peer"), llama_recipe.py --impl for the
+        Llama peers (Note [Llama peers])."""
         shutil.rmtree(out, ignore_errors=True)
-        script = os.path.join(HERE, "ddp_recipe.py")
+        script = os.path.join(HERE, "ddp_recipe.py" if peer == "peer" else "llama_recipe.py")
         args = ["--config", config_json, "--init", init, "--out", out]
+        if peer != "peer":
+            args = ["--impl", peer] + args
         if row["ranks"] > 1:
             return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={row['ranks']}",
                     script] + args
@@ -313,11 +392,25 @@ class Bench:
         finally:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
 
-    def run_peer(self, row: dict, out: str, config_json: str, init: str) -> None:
-        self.run(self.peer_cmd(row, out, config_json, init), f"{row['label']}: peer")
+    def run_peer(self, row: dict, out: str, config_json: str, init: str, peer: str = "peer") -> None:
+        try:
+            self.run(self.peer_cmd(row, out, config_json, init, peer), f"{row['label']}: {peer}")
+        except RuntimeError:
+            self.raise_if_unavailable(row, peer, out)
+            raise
+
+    def raise_if_unavailable(self, row: dict, peer: str, out: str) -> None:
+        """A peer that cannot run on this machine (llama_recipe.py exit 3: torch.compile failed)
+        left OUT/unavailable.json: PeerUnavailable with its error, so the row reports it."""
+        path = os.path.join(out, "unavailable.json")
+        if os.path.exists(path):
+            with open(path) as fh:
+                err = json.load(fh).get("error", "?")
+            self.say(f"{row['label']}: {peer} cannot run here: {err.splitlines()[0] if err else '?'}")
+            raise PeerUnavailable(err)
 
     def run_pair_in_turns(self, row: dict, i: int, outs: Dict[str, str], config_json: str, init: str,
-                          first_config) -> None:
+                          first_config, peer: str = "peer") -> None:
         """Note [Taking turns]: one leantrain run and one peer run side by side, one step each
         in turn (trainers/include/leantrain/trainers/turns.h): leantrain's warm-up step first
         (its config.json, checked by first_config, is the peer's config), then the peer starts
@@ -355,6 +448,8 @@ class Bench:
                 logs[side].seek(0)
                 tail = logs[side].read()[-3000:]
                 self.log.write(tail + "\n")
+                if side == "peer":
+                    self.raise_if_unavailable(row, peer, outs["peer"])
                 raise RuntimeError(f"{row['label']}: {side} failed (exit {procs[side].returncode}) "
                                    f"while taking turns:\n{tail}")
             return True
@@ -376,7 +471,7 @@ class Bench:
             start("lt", lt_cmd)
             turn("lt")
             first_config(outs["lt"])
-            start("peer", self.peer_cmd(row, outs["peer"], config_json, init))
+            start("peer", self.peer_cmd(row, outs["peer"], config_json, init, peer))
             turn("peer")
             for k in range(1, steps):
                 for side in (("lt", "peer") if (i + k) % 2 == 0 else ("peer", "lt")):
@@ -422,8 +517,6 @@ class Bench:
         rdir = os.path.join(self.work, re.sub(r"[^A-Za-z0-9_.-]+", "_", row["label"]))
         os.makedirs(rdir, exist_ok=True)
         config_json = os.path.join(rdir, "peer_config.json")
-        res = {"lt": [], "peer": []}
-        usage = {"lt": [], "peer": []}
         cfg = None
 
         def check_config(out: str) -> None:
@@ -440,10 +533,34 @@ class Bench:
             elif ran != cfg:
                 raise RuntimeError(f"{row['label']}: leantrain's config.json changed between runs")
 
+        if row["peers"] == ["peer"]:
+            res, usage = self.measure_pairs(row, "peer", rdir, config_json, init, check_config)
+            s = self.summarise(row, res, self.scale.get("mem_key", "peak_rss_bytes"))
+            for side in usage:
+                s[side]["usage"] = usage[side]
+            return s
+        # Note [Llama peers]: a pair of runs per peer, leantrain in each.
+        pairs, unavailable = {}, {}
+        for peer in row["peers"]:
+            try:
+                res, usage = self.measure_pairs(row, peer, os.path.join(rdir, peer), config_json, init, check_config)
+            except PeerUnavailable as e:
+                unavailable[peer] = str(e)
+                continue
+            pairs[peer] = (res, usage)
+        return self.summarise_peers(row, pairs, unavailable, self.scale.get("mem_key", "peak_rss_bytes"))
+
+    def measure_pairs(self, row: dict, peer: str, rdir: str, config_json: str, init: str,
+                      check_config) -> Tuple[Dict[str, list], Dict[str, list]]:
+        """The row's runs of leantrain and one peer into rdir: at 1 rank side by side taking turns
+        (Note [Taking turns]), else whole runs L P P L; (steps per run, usage per run) by side."""
+        os.makedirs(rdir, exist_ok=True)
+        res = {"lt": [], "peer": []}
+        usage = {"lt": [], "peer": []}
         if row["ranks"] == 1 and not self.args.no_turns:
             for i in range(self.repeats_for(row)):
                 outs = {side: os.path.join(rdir, f"{side}{i}") for side in ("lt", "peer")}
-                self.run_pair_in_turns(row, i, outs, config_json, init, check_config)
+                self.run_pair_in_turns(row, i, outs, config_json, init, check_config, peer)
                 for side in ("lt", "peer"):
                     res[side].append(self.steps(outs[side]))
                     usage[side].append(self.pair_usage[side])
@@ -457,13 +574,10 @@ class Bench:
                     self.run_leantrain(row, out)
                     check_config(out)
                 else:
-                    self.run_peer(row, out, config_json, init)
+                    self.run_peer(row, out, config_json, init, peer)
                 res[side].append(self.steps(out))
                 usage[side].append(self.last_usage)
-        s = self.summarise(row, res, self.scale.get("mem_key", "peak_rss_bytes"))
-        for side in usage:
-            s[side]["usage"] = usage[side]
-        return s
+        return res, usage
 
     @staticmethod
     def summarise(row: dict, res: dict, mem_key: str = "peak_rss_bytes") -> dict:
@@ -471,30 +585,39 @@ class Bench:
         reported under peak_rss_bytes so the table and results.jsonl keep one shape)."""
         s = {"row": row}
         for side, runs in res.items():
-            # samples/s over the timed steps (the first step of each run is warm-up: lazy
-            # allocations, the optimizer state, oneDNN primitive caches): sum of samples / sum
-            # of step times over all repeats.
-            # Note [Same step]: a step's time without building its samples, on both sides: the
-            # peer builds them before its step timer starts, leantrain inside its step and
-            # reports that part as data_time_s.
-            samples = secs = 0.0
-            for steps in runs:
-                timed = steps[1:] if len(steps) > 1 else steps
-                samples += sum(e["samples_per_s"] * e["step_time_s"] for e in timed)
-                secs += sum(e["step_time_s"] - e.get("data_time_s", 0.0) for e in timed)
-            s[side] = {
-                "samples_per_s": samples / secs,
-                "peak_rss_bytes": max(max(e.get(mem_key) or 0 for e in steps) for steps in runs),
-                "final_loss": runs[0][-1]["loss"],
-                "final_loss_runs": [steps[-1]["loss"] for steps in runs],
-                "losses": [e["loss"] for e in runs[0]],
-                "step_time_s": [[round(e["step_time_s"], 4) for e in steps] for steps in runs],
-                "data_time_s": [[round(e.get("data_time_s", 0.0), 4) for e in steps] for steps in runs],
-            }
+            s[side] = side_stats(runs, mem_key)
         lt, pe = s["lt"], s["peer"]
         s["sps_ratio"] = lt["samples_per_s"] / pe["samples_per_s"]
         s["mem_ratio"] = lt["peak_rss_bytes"] / pe["peak_rss_bytes"] if pe["peak_rss_bytes"] else float("nan")
         s["loss_rel"] = abs(lt["final_loss"] - pe["final_loss"]) / max(abs(pe["final_loss"]), 1e-12)
+        return s
+
+    @classmethod
+    def summarise_peers(cls, row: dict, pairs: Dict[str, tuple], unavailable: Dict[str, str],
+                        mem_key: str = "peak_rss_bytes") -> dict:
+        """A Llama row (Note [Llama peers]): each pair summarised as summarise() does, leantrain
+        over all its runs, and the ratios the issue sets targets on: to the stronger eager peer
+        (the higher samples/s of HF and titan eager) and to the compiled peer, each from its pair;
+        the final-loss agreement is the largest relative difference to any peer."""
+        s = {"row": row, "peers": {}, "unavailable": unavailable}
+        lt_runs, lt_usage = [], []
+        for peer, (res, usage) in pairs.items():
+            p = cls.summarise(row, res, mem_key)
+            p["lt"]["usage"], p["peer"]["usage"] = usage["lt"], usage["peer"]
+            del p["row"]
+            s["peers"][peer] = p
+            lt_runs += res["lt"]
+            lt_usage += usage["lt"]
+        if lt_runs:
+            s["lt"] = side_stats(lt_runs, mem_key)
+            s["lt"]["usage"] = lt_usage
+        eager = [q for q in ("hf", "titan") if q in s["peers"]]
+        s["eager_best"] = max(eager, key=lambda q: s["peers"][q]["peer"]["samples_per_s"]) if eager else None
+        for key, peer in (("eager", s["eager_best"]), ("compiled", "titan-compiled" if "titan-compiled" in s["peers"]
+                                                          else None)):
+            s[f"sps_ratio_{key}"] = s["peers"][peer]["sps_ratio"] if peer else None
+            s[f"mem_ratio_{key}"] = s["peers"][peer]["mem_ratio"] if peer else None
+        s["loss_rel"] = max((p["loss_rel"] for p in s["peers"].values()), default=None)
         return s
 
     # ---- the two benches' rows ----
@@ -539,6 +662,34 @@ class Bench:
                 "baseline": mib("baseline: fwrite + fflush + fsync"), "peer_name": "fwrite + fsync"}
 
 
+class PeerUnavailable(RuntimeError):
+    """A peer that cannot run on this machine (its error as the message): its column says so."""
+
+
+def side_stats(runs: List[List[dict]], mem_key: str = "peak_rss_bytes") -> dict:
+    """One side's numbers over its runs (each a list of step events)."""
+    # samples/s over the timed steps (the first step of each run is warm-up: lazy
+    # allocations, the optimizer state, oneDNN primitive caches, torch.compile): sum of samples /
+    # sum of step times over all repeats.
+    # Note [Same step]: a step's time without building its samples, on both sides: the
+    # peer builds them before its step timer starts, leantrain inside its step and
+    # reports that part as data_time_s.
+    samples = secs = 0.0
+    for steps in runs:
+        timed = steps[1:] if len(steps) > 1 else steps
+        samples += sum(e["samples_per_s"] * e["step_time_s"] for e in timed)
+        secs += sum(e["step_time_s"] - e.get("data_time_s", 0.0) for e in timed)
+    return {
+        "samples_per_s": samples / secs,
+        "peak_rss_bytes": max(max(e.get(mem_key) or 0 for e in steps) for steps in runs),
+        "final_loss": runs[0][-1]["loss"],
+        "final_loss_runs": [steps[-1]["loss"] for steps in runs],
+        "losses": [e["loss"] for e in runs[0]],
+        "step_time_s": [[round(e["step_time_s"], 4) for e in steps] for steps in runs],
+        "data_time_s": [[round(e.get("data_time_s", 0.0), 4) for e in steps] for steps in runs],
+    }
+
+
 def rusage_fields(u) -> Dict[str, float]:
     return {"user_s": u.ru_utime, "sys_s": u.ru_stime, "minflt": u.ru_minflt, "majflt": u.ru_majflt,
             "nvcsw": u.ru_nvcsw, "nivcsw": u.ru_nivcsw}
@@ -571,10 +722,11 @@ def gib(b: float) -> str:
 
 
 def table(results: List[dict], extra: List[dict]) -> str:
+    single = [s for s in results if "peers" not in s]
     lines = ["| row | leantrain samples/s | peer samples/s | ratio | leantrain peak RSS | peer peak RSS | ratio "
              "| final loss leantrain | peer | rel. diff | targets |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for s in results:
+             "|---|---|---|---|---|---|---|---|---|---|---|"] if single or not results else []
+    for s in single:
         r, lt, pe = s["row"], s["lt"], s["peer"]
         want = TARGET_SPS_GPT if r["model"].startswith("gpt") else TARGET_SPS
         miss = []
@@ -588,6 +740,9 @@ def table(results: List[dict], extra: List[dict]) -> str:
                      f"**{s['sps_ratio']:.2f}x** | {gib(lt['peak_rss_bytes'])} | {gib(pe['peak_rss_bytes'])} | "
                      f"**{s['mem_ratio']:.2f}x** | {lt['final_loss']:.6f} | {pe['final_loss']:.6f} | "
                      f"{100 * s['loss_rel']:.4f}% | {'met' if not miss else 'missed: ' + ', '.join(miss)} |")
+    llama = [s for s in results if "peers" in s]
+    if llama:
+        lines += ([""] if lines else []) + llama_table(llama)
     if extra:
         lines += ["", "| row | leantrain | baseline | ratio |", "|---|---|---|---|"]
         for e in extra:
@@ -596,13 +751,65 @@ def table(results: List[dict], extra: List[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def llama_table(results: List[dict]) -> List[str]:
+    """The Llama rows (Note [Llama peers]): leantrain's samples/s and peak RSS over all its runs,
+    each peer's; the ratios (bold) are leantrain's in the pair with that peer over the peer's."""
+    def cell(s: dict, peer: str, f) -> str:
+        if peer in s["peers"]:
+            return f(s["peers"][peer]["peer"])
+        if peer in s["unavailable"]:
+            first = (s["unavailable"][peer].strip().splitlines() or ["?"])[0]
+            return "n/a: " + (first[:90] + ("..." if len(first) > 90 else "")).replace("|", "/")
+        return "not run"
+
+    def ratio(v: Optional[float]) -> str:
+        return f"**{v:.2f}x**" if v is not None else "n/a"
+
+    peers = LLAMA_PEERS
+    lines = ["| row | leantrain samples/s | " + " | ".join(PEER_TITLES[p] for p in peers) +
+             " | vs stronger eager | vs compiled | leantrain peak RSS | " + " | ".join(PEER_TITLES[p] for p in peers) +
+             " | RSS vs stronger eager | RSS vs compiled | final loss leantrain | max rel. diff | targets |",
+             "|" + "---|" * (10 + 2 * len(peers))]
+    for s in results:
+        r, lt = s["row"], s.get("lt")
+        miss = []
+        for key, want in (("eager", TARGET_SPS_LLAMA_EAGER), ("compiled", TARGET_SPS)):
+            v, m = s[f"sps_ratio_{key}"], s[f"mem_ratio_{key}"]
+            if v is None:
+                miss.append(f"no {key} peer")
+                continue
+            if v < want:
+                miss.append(f"speed < {want}x {key}")
+            if m > TARGET_MEM:
+                miss.append(f"memory > 1.0x {key}")
+        if s["loss_rel"] is not None and s["loss_rel"] > TARGET_LOSS:
+            miss.append("loss > 1%")
+        eager = f" ({PEER_TITLES[s['eager_best']]})" if s["eager_best"] else ""
+        cells = [r["label"], f"{lt['samples_per_s']:.3f}" if lt else "n/a"]
+        cells += [cell(s, p, lambda x: f"{x['samples_per_s']:.3f}") for p in peers]
+        cells += [ratio(s["sps_ratio_eager"]) + eager, ratio(s["sps_ratio_compiled"])]
+        cells += [gib(lt["peak_rss_bytes"]) if lt else "n/a"]
+        cells += [cell(s, p, lambda x: gib(x["peak_rss_bytes"])) for p in peers]
+        cells += [ratio(s["mem_ratio_eager"]), ratio(s["mem_ratio_compiled"])]
+        cells += [f"{lt['final_loss']:.6f}" if lt else "n/a",
+                  f"{100 * s['loss_rel']:.4f}%" if s["loss_rel"] is not None else "n/a",
+                  "met" if not miss else "missed: " + ", ".join(miss)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_jsonl(path: str, results: List[dict], extra: List[dict]) -> None:
+    """One line per (row, metric); a Llama row has one per peer, its row "<label> vs <peer>" and
+    value leantrain's in that pair (Note [Llama peers])."""
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
         for s in results:
-            for metric in ("samples_per_s", "peak_rss_bytes", "final_loss"):
-                fh.write(json.dumps({"bench": "peers", "row": s["row"]["label"], "metric": metric,
-                                     "value": s["lt"][metric], "baseline": s["peer"][metric]}) + "\n")
+            pairs = [(f"{s['row']['label']} vs {p}", q) for p, q in s["peers"].items()] if "peers" in s \
+                else [(s["row"]["label"], s)]
+            for label, q in pairs:
+                for metric in ("samples_per_s", "peak_rss_bytes", "final_loss"):
+                    fh.write(json.dumps({"bench": "peers", "row": label, "metric": metric,
+                                         "value": q["lt"][metric], "baseline": q["peer"][metric]}) + "\n")
         for e in extra:
             fh.write(json.dumps({"bench": "peers", "row": e["label"], "metric": e["metric"],
                                  "value": e["value"], "baseline": e["baseline"]}) + "\n")
@@ -617,6 +824,9 @@ def main(argv) -> int:
                     help="results.jsonl, bench.log, plots, and runs/ (deleted at the end unless --keep)")
     ap.add_argument("--doc", default=None, help="markdown file for the table (default docs/BENCH_PEERS.md "
                     "for --scale cpu|full, none for smoke)")
+    ap.add_argument("--models", default="", help="comma-separated models or model sets of the scale instead of its "
+                    "default ones, e.g. 'llama' (the Llama rows: llama135 and llamagqa at --scale real, Note [Llama "
+                    "peers]) or 'llama135,gpt6'")
     ap.add_argument("--rows", default="", help="only rows whose label matches this regex (e.g. 'gpt6 1r')")
     ap.add_argument("--ranks", default="", help="comma-separated rank counts instead of the scale's (e.g. 2)")
     ap.add_argument("--repeats", type=int, default=None,
@@ -639,30 +849,44 @@ def main(argv) -> int:
     # The doc holds whole runs only: not smoke, not a --rows subset. A --ranks subset of a scale
     # with a doc marker of its own (real) has its own section (the 1- and 2-rank halves of the
     # real scale take ~an hour each on 2 cores).
+    # --models makes a section of its own too (real models llama ranks 1), and none for a scale
+    # without a doc marker (its default section holds the default models).
     marker = SCALES[args.scale].get("doc_marker", "")
+    if marker and args.models:
+        marker += f" models {args.models}"
     if marker and args.ranks:
         marker += f" ranks {args.ranks}"
     doc = args.doc if args.doc is not None else (
-        None if args.scale == "smoke" or args.rows or (args.ranks and not marker) else
+        None if args.scale == "smoke" or args.rows or ((args.ranks or args.models) and not marker) else
         os.path.join(ROOT, "docs", "BENCH_PEERS.md"))
     os.makedirs(args.out, exist_ok=True)
     bench = Bench(args)
-    rows = bench.rows()
+    try:
+        rows = bench.rows()
+    except ValueError as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+        return 2
     if args.list:
         print("\n".join(r["label"] for r in rows))
         return 0
     if not rows:
         print(f"compare.py: no row matches --rows {args.rows!r}", file=sys.stderr)
         return 2
-    n_runs = sum(2 * bench.repeats_for(r) for r in rows)
+    n_runs = sum(2 * bench.repeats_for(r) * len(r["peers"]) for r in rows)
     bench.say(f"scale {args.scale}: {len(rows)} rows, {n_runs} runs; commit {commit_label()}")
     results, extra = [], []
     try:
         for row in rows:
             s = bench.measure_row(row)
             results.append(s)
-            bench.say(f"{row['label']}: samples/s {s['sps_ratio']:.2f}x, peak RSS {s['mem_ratio']:.2f}x, "
-                      f"final loss diff {100 * s['loss_rel']:.4f}%")
+            if "peers" not in s:
+                bench.say(f"{row['label']}: samples/s {s['sps_ratio']:.2f}x, peak RSS {s['mem_ratio']:.2f}x, "
+                          f"final loss diff {100 * s['loss_rel']:.4f}%")
+            for peer, p in s.get("peers", {}).items():
+                bench.say(f"{row['label']} vs {peer}: samples/s {p['sps_ratio']:.2f}x, peak RSS {p['mem_ratio']:.2f}x, "
+                          f"final loss diff {100 * p['loss_rel']:.4f}%")
+            for peer, err in s.get("unavailable", {}).items():
+                bench.say(f"{row['label']} vs {peer}: unavailable: {err.splitlines()[0] if err else '?'}")
         if not args.no_extra and not args.rows:
             for f in (bench.comm_row, bench.ckpt_row):
                 e = f()

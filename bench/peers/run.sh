@@ -6,6 +6,7 @@
 #   bash bench/peers/run.sh --scale full         # the issue's sizes (a GPU machine)
 #   bash bench/peers/run.sh --scale smoke        # tiny models, ~30 s: the machinery only
 #   bash bench/peers/run.sh --rows 'gpt12 1r'    # a subset (the doc is left alone)
+#   bash bench/peers/run.sh --scale real --models llama --ranks 1   # the Llama rows vs HF / torchtitan-style
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${LEANTRAIN_BUILD_DIR:-$top/build}
