@@ -2,13 +2,16 @@
 // members of ModelConfig it reads, its cross-key checks, its contract and its factory.
 #include "leantrain/models/registry.h"
 
+#include <limits>
 #include <stdexcept>
 
 #include <torch/torch.h>
 
 #include "foreign_weights.h"
+#include "foreign_weights_llama.h"
 #include "leantrain/models/bert.h"
 #include "leantrain/models/gpt.h"
+#include "leantrain/models/llama.h"
 #include "leantrain/models/mlp.h"
 #include "leantrain/models/resnet.h"
 #include "leantrain/runtime/errors.h"
@@ -150,6 +153,43 @@ ModelKind with_foreign(ModelKind k, Bound bound, ImportedWeights (*import)(const
   return k;
 }
 
+// The llama kind (llama.h): its table binds LlamaConfig, not ModelConfig, so it is put
+// together here rather than through builtin().
+ModelKind llama_kind() {
+  const BoundOptions<LlamaConfig>& bound = llama_options();
+  auto read = [&bound](const Options& o) { return bound.read(o); };
+  ModelKind k;
+  k.name = "llama";
+  k.doc =
+      "A Llama-family decoder (Llama 3.x, Qwen2.5, Qwen3, Mistral, SmolLM2): RMSNorm, rotary positions, "
+      "grouped-query attention, a SwiGLU MLP; causal language modelling, next-token targets. The keys are "
+      "Hugging Face config.json's, so a config can be written from one; attention_bias and qk_norm pick "
+      "Qwen2's and Qwen3's layers, family only what an export names.";
+  k.options = bound.table();
+  k.check = [read](const Options& o) { check_llama_config(read(o)); };
+  k.contract = [read](const Options& o) {
+    const LlamaConfig c = read(o);
+    InputContract in;
+    in.input = InputContract::Input::kTokens;
+    in.target = InputContract::Target::kNextToken;
+    in.seq_len = c.seq_len;
+    in.vocab_size = c.vocab_size;
+    in.seq_len_key = "model.seq_len";
+    in.vocab_size_key = "model.vocab_size";
+    return in;
+  };
+  k.build = [read](const Options& o) -> std::shared_ptr<Model> { return std::make_shared<Llama>(read(o)); };
+  k.attention_memory = [read](const Options& o, const c10::Device& device, c10::ScalarType dtype,
+                              const RecomputePolicy& policy) {
+    return llama_attention_memory(read(o), device, dtype, policy);
+  };
+  // Hugging Face LlamaForCausalLM, Qwen2/Qwen3/MistralForCausalLM in and out (foreign_weights_llama.h).
+  k.import_weights = import_llama;
+  k.export_weights = export_llama;
+  k.options_from_foreign = llama_options_from_foreign;
+  return k;
+}
+
 // The built-in kinds first, registered when the registry is first used.
 KindRegistry<ModelKind>& registry() {
   static KindRegistry<ModelKind>* r = [] {
@@ -172,6 +212,7 @@ KindRegistry<ModelKind>& registry() {
                               "resnet", "A ResNet image classifier (torchvision's layout, BatchNorm, zero-initialised last norms).",
                               resnet_options(), [](const ModelConfig& c) { (void)resnet_layout(c); }, image_contract),
                           resnet_options(), import_torchvision_resnet, export_torchvision_resnet));
+    reg->add(llama_kind());
     return reg;
   }();
   return *r;
@@ -187,6 +228,60 @@ const Bound& builtin_bound(const std::string& kind) {
 }
 
 }  // namespace
+
+const BoundOptions<LlamaConfig>& llama_options() {
+  using rules::at_least;
+  using rules::in_range;
+  using rules::one_of;
+  const double inf = std::numeric_limits<double>::infinity();
+  static const BoundOptions<LlamaConfig> b = [inf] {
+    BoundOptions<LlamaConfig> o;
+    using C = LlamaConfig;
+    o.add("vocab_size", &C::vocab_size, "token ids are 0 .. vocab_size-1", at_least(1))
+        .add("hidden_size", &C::hidden_size, "width D of the residual stream", at_least(1))
+        .add("intermediate_size", &C::intermediate_size, "width F of the SwiGLU MLP (gate_proj, up_proj)", at_least(1))
+        .add("num_hidden_layers", &C::num_hidden_layers, "decoder blocks", at_least(1))
+        .add("num_attention_heads", &C::num_attention_heads, "query heads H", at_least(1))
+        .add("num_key_value_heads", &C::num_key_value_heads,
+             "key/value heads K (grouped-query attention), must divide num_attention_heads; 0: H (multi-head)",
+             at_least(0))
+        .add("head_dim", &C::head_dim, "features per head h (even); 0: hidden_size / num_attention_heads", at_least(0))
+        .add("rms_norm_eps", &C::rms_norm_eps,
+             "RMSNorm epsilon (Llama 3, Mistral, SmolLM2: 1e-5; Qwen2.5: 1e-6; Hugging Face's LlamaConfig "
+             "default: 1e-6)",
+             in_range(0, false, 1, true))
+        .add("rope_theta", &C::rope_theta, "RoPE base (Llama 3: 500000; Qwen: 1000000)", in_range(0, false, inf, false))
+        .add("rope_scaling", &C::rope_scaling,
+             "RoPE scaling of the inverse frequencies: none, or llama3 (Llama 3.1 / 3.2, the rope_* factors below)",
+             one_of({"none", "llama3"}))
+        .add("rope_factor", &C::rope_factor, "llama3 scaling: factor", in_range(0, false, inf, false))
+        .add("rope_low_freq_factor", &C::rope_low_freq_factor, "llama3 scaling: low_freq_factor",
+             in_range(0, false, inf, false))
+        .add("rope_high_freq_factor", &C::rope_high_freq_factor, "llama3 scaling: high_freq_factor (> low_freq_factor)",
+             in_range(0, false, inf, false))
+        .add("rope_original_max_position_embeddings", &C::rope_original_max_position_embeddings,
+             "llama3 scaling: original_max_position_embeddings", at_least(1))
+        .add("max_position_embeddings", &C::max_position_embeddings, "the longest context the model is meant for",
+             at_least(1))
+        .add("seq_len", &C::seq_len, "training context length (the data's block length), <= max_position_embeddings",
+             at_least(1))
+        .add("tie_word_embeddings", &C::tie_word_embeddings, "the output head is embed_tokens.weight (no lm_head)")
+        .add("attention_bias", &C::attention_bias, "biases on q_proj, k_proj, v_proj (Qwen2; o_proj never has one)")
+        .add("qk_norm", &C::qk_norm, "RMSNorm over head_dim on q and k before RoPE (Qwen3)")
+        .add("dropout", &C::dropout, "dropout on the attention probabilities and both residual branches (training)",
+             in_range(0, true, 1, false))
+        .add("attention", &C::attention,
+             "attention core: sdpa (at::scaled_dot_product_attention with enable_gqa, the kernel logged at startup) or "
+             "plain (softmax(QK^T)V with k/v repeated, keeps the [B,H,T,T] probabilities)",
+             one_of({"sdpa", "plain"}))
+        .add("family", &C::family,
+             "the architecture an export names (architectures, model_type); no effect on the layers",
+             one_of({"llama", "qwen2", "qwen3", "mistral"}))
+        .add("hidden_act", &C::hidden_act, "the MLP's activation (config.json's hidden_act)", one_of({"silu"}));
+    return o;
+  }();
+  return b;
+}
 
 void register_model(ModelKind kind) {
   if (!kind.contract || !kind.build)

@@ -294,3 +294,29 @@ TEST_F(Cli, MpirunWithIndivisibleBatchExitsTwoOnEveryRank) {
   EXPECT_NE(r.err.find("train.global_batch = 96"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("x 2 = 128"), std::string::npos) << r.err;
 }
+
+// configs/llama_tiny.toml (the llama kind: grouped-query attention through SDPA's enable_gqa,
+// RoPE, SwiGLU, a tied head) trains on the CPU with the loss falling, logs its attention kernel,
+// and its checkpoint holds the llama names (no lm_head when tied); `plan` probes it.
+TEST_F(Cli, LlamaTinyConfigTrains) {
+  const std::string config = std::string(LEANTRAIN_SOURCE_DIR) + "/configs/llama_tiny.toml";
+  const auto out = dir_ / "run";
+  auto r = run("train --config " + config + " --set train.steps=30 --set train.eval_max_batches=1 --out " +
+               out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("4 query / 2 key-value heads through enable_gqa"), std::string::npos) << r.err;
+  std::vector<double> losses;
+  for (const auto& j : events(out, "step")) losses.push_back(j["loss"].get<double>());
+  ASSERT_EQ(losses.size(), 30u);
+  const double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[27] + losses[28] + losses[29]) / 3;
+  EXPECT_LT(last, 0.7 * first) << "loss did not fall: " << first << " -> " << last;
+  auto ins = run("inspect " + ck(out, 30));
+  ASSERT_EQ(ins.code, 0) << ins.err;
+  for (const char* name : {"embed_tokens.weight", "blocks.3.self_attn.k_proj.weight [64, 128]",
+                           "blocks.0.mlp.gate_proj.weight [344, 128]", "norm.weight"})
+    EXPECT_NE(ins.out.find(name), std::string::npos) << name << "\n" << ins.out;
+  EXPECT_EQ(ins.out.find("lm_head"), std::string::npos) << ins.out;
+  auto plan = run("plan --config " + config + " --memory-budget 64MiB --out " + (dir_ / "plan").string());
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("chosen:"), std::string::npos) << plan.out;
+}

@@ -67,8 +67,8 @@ TEST(Registry, EachKeyIsCheckedByItsKindAndNamed) {
   EXPECT_CONTAINS(config_error([&] { resolve({"model.kind=resnet", "model.depth=20"}); }), "model.depth = 20");
   EXPECT_CONTAINS(config_error([&] { resolve({"model.kind=resnet", "model.stem=big"}); }),
                   "model.stem = \"big\": allowed: imagenet | small");
-  EXPECT_CONTAINS(config_error([&] { resolve({"model.kind=llama"}); }),
-                  "model.kind = \"llama\": no such model kind; registered: mlp | gpt | bert | resnet");
+  EXPECT_CONTAINS(config_error([&] { resolve({"model.kind=gemma"}); }),
+                  "model.kind = \"gemma\": no such model kind; registered: mlp | gpt | bert | resnet | llama");
   EXPECT_CONTAINS(config_error([&] { resolve({"data.kind=text", "data.eval_fraction=1"}); }),
                   "data.eval_fraction = 1.0: must be in [0, 1)");
   EXPECT_CONTAINS(config_error([&] { resolve({"data.kind=text", "data.mask_prob=0"}); }),
