@@ -49,7 +49,7 @@ struct FileArgs {
   bool json = false;
 };
 
-void add_inspect_export(CLI::App& app, FileArgs& inspect, FileArgs& exp) {
+void add_inspect_export(CLI::App& app, FileArgs& inspect, ExportArgs& exp) {
   auto* i = app.add_subcommand("inspect", "Verify a checkpoint and print its summary");
   i->add_option("checkpoint", inspect.checkpoint, "Checkpoint file (.h5)")->required();
   i->add_flag("--json", inspect.json, "Print JSON for scripts");
@@ -58,9 +58,16 @@ void add_inspect_export(CLI::App& app, FileArgs& inspect, FileArgs& exp) {
   e->add_option("checkpoint", exp.checkpoint, "Checkpoint file (.h5)")->required();
   e->add_option("--format", exp.format,
                 "safetensors: leantrain's names + the model config in the metadata; hf: a Hugging Face directory "
-                "(gpt, bert) or a torchvision state dict (resnet)")
+                "(gpt, bert, llama) or a torchvision state dict (resnet)")
       ->required();
   e->add_option("--out", exp.out, "Output directory (gets model.safetensors, and config.json for hf)")->required();
+  e->add_option("--dtype", exp.dtype, "fp32 (default), bf16 or fp16: the dtype of the written tensors");
+  e->add_option("--max-shard-size", exp.max_shard_size,
+                "--format hf: shards of at most this size with model.safetensors.index.json, e.g. 2GB (default 5GB; "
+                "0: one file)");
+  e->add_option("--source", exp.source,
+                "--format hf: the Hugging Face directory the model was initialised from: its tokenizer files and "
+                "generation_config.json are copied, its config.json's token ids kept");
 }
 
 void add_report(CLI::App& app, ReportArgs& a) {
@@ -78,7 +85,8 @@ struct Parsed {
   bool show_version = false;
   TrainArgs train;
   PlanArgs plan;
-  FileArgs inspect, exp;
+  FileArgs inspect;
+  ExportArgs exp;
   ReportArgs report;
 
   explicit Parsed(const std::string& program)
@@ -114,7 +122,7 @@ int dispatch(Parsed& p, const std::string& program) {
   // it (two ranks exporting into one folder would race; one copy of the output is enough).
   if (detect_world().rank != 0) return kExitOk;
   if (p.got("inspect")) return run_inspect(p.inspect.checkpoint, p.inspect.json);
-  if (p.got("export")) return run_export(p.exp.checkpoint, p.exp.format, p.exp.out);
+  if (p.got("export")) return run_export(p.exp);
   if (p.got("report")) return run_report(p.report);
   if (p.got("options")) return run_options();
   std::cout << p.app.help() << std::endl;

@@ -35,9 +35,15 @@ std::string default_out_dir(const std::string& config_path) {
 // The config with its [model] and [data] kinds resolved: unknown keys and bad values of a
 // kind's options fail here, before any device or thread is set up. Its warnings (a deprecated
 // key) are printed once, by rank 0.
-Config load_resolved(const std::string& path, const std::vector<std::string>& sets) {
-  Config cfg = trainers::resolve_components(load_config(path, sets));
+// With --init-from a Hugging Face directory, the model options config.json determines are
+// filled in first (trainers::model_section_for_init): `--init-from DIR` alone is a model config.
+Config load_resolved(const std::string& path, const std::vector<std::string>& sets, const std::string& init_from = "") {
+  Config raw = load_config(path, sets);
+  std::vector<std::string> notes;
+  raw.model = trainers::model_section_for_init(raw.model, init_from, &notes);
+  Config cfg = trainers::resolve_components(raw);
   for (const auto& w : cfg.warnings) log::warn(w);
+  for (const auto& n : notes) log::info(n);
   cfg.warnings.clear();  // printed; a second load (--auto) must not print them again
   return cfg;
 }
@@ -128,7 +134,7 @@ int run_train(const std::string& program, TrainArgs a) {
   if (!a.memory_budget.empty()) a.sets.push_back("memory.budget=\"" + a.memory_budget + "\"");
   const World world = detect_world();
   log::init(world.rank, world.size, false);
-  Config cfg = load_resolved(a.config, a.sets);
+  Config cfg = load_resolved(a.config, a.sets, a.start.init_from);
   log::init(world.rank, world.size, cfg.log.all_ranks);
   const std::string out = a.out.empty() ? default_out_dir(a.config) : a.out;
   if (a.auto_plan) {
@@ -146,7 +152,7 @@ int run_train(const std::string& program, TrainArgs a) {
       // Note [--auto across ranks] (trainers/src/planner_agree.cpp): rank 0 plans for every rank.
       const auto plan = plan_and_report(cfg, ctx, out, 0.10, false, comm.get());
       for (const auto& o : trainers::plan_overrides(plan)) a.sets.push_back(o);
-      cfg = load_resolved(a.config, a.sets);
+      cfg = load_resolved(a.config, a.sets, a.start.init_from);
       validate(cfg, world.size);
       a.start.plan_event = trainers::plan_event(plan);
     }
@@ -159,14 +165,22 @@ int run_train(const std::string& program, TrainArgs a) {
 
 // `export`: a checkpoint's weights as safetensors (leantrain's names) or in the model kind's
 // other library's names (Hugging Face directory, torchvision state dict).
-int run_export(const std::string& checkpoint, const std::string& format, const std::string& out) {
+int run_export(const ExportArgs& a) {
   log::init(0, 1, false);
+  trainers::ExportOptions opt;
+  opt.dtype = a.dtype;
+  opt.source = a.source;
+  try {
+    opt.max_shard_bytes = parse_bytes(a.max_shard_size);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError("--max-shard-size " + a.max_shard_size + ": " + e.what());
+  }
   std::vector<std::string> notes;
-  const auto written = trainers::export_weights(checkpoint, format, out, &notes);
+  const auto written = trainers::export_weights(a.checkpoint, a.format, a.out, &notes, opt);
   for (const auto& n : notes) log::warn(n);
   std::string list;
   for (const auto& w : written) list += (list.empty() ? "" : ", ") + w;
-  log::info("exported " + checkpoint + " (--format " + format + "): " + list);
+  log::info("exported " + a.checkpoint + " (--format " + a.format + ", " + a.dtype + "): " + list);
   return kExitOk;
 }
 

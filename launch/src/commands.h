@@ -25,6 +25,13 @@ struct PlanArgs {
   double margin = 0.10;
 };
 
+struct ExportArgs {
+  std::string checkpoint, format, out;
+  std::string dtype = "fp32";
+  std::string max_shard_size = "5GB";  // --format hf: shards above it (trainers::ExportOptions)
+  std::string source;                  // --format hf: the Hugging Face directory the model came from
+};
+
 struct ReportArgs {
   std::string run_dir, bench, out;
 };
@@ -32,7 +39,7 @@ struct ReportArgs {
 int run_train(const std::string& program, TrainArgs a);
 int run_plan(const std::string& program, PlanArgs a);
 int run_inspect(const std::string& checkpoint, bool json);
-int run_export(const std::string& checkpoint, const std::string& format, const std::string& out);
+int run_export(const ExportArgs& a);
 int run_report(const ReportArgs& a);
 int run_options();
 std::string version_text();

@@ -6,7 +6,9 @@
 //                          [--batch N] [--seed S] [--save-checkpoint CKPT.h5]
 //
 // The second form builds the model of a [model] section given as JSON (as a checkpoint's
-// model_config, e.g. {"kind": "gpt", "n_layer": 2}) and loads it as `train --init-from` does
+// model_config, e.g. {"kind": "gpt", "n_layer": 2}; the options a Hugging Face directory's
+// config.json determines may be left out, as in a training config) and loads it as
+// `train --init-from` does
 // (trainers/pretrained.h: a checkpoint, a safetensors file or a Hugging Face directory);
 // --save-checkpoint also writes those weights as a leantrain checkpoint at step 0 (for
 // `leantrain export`). tests/python/test_interop.py compares its outputs with transformers'
@@ -41,7 +43,8 @@ namespace {
 /// a `model.<key>=<value>` override (JSON scalars, strings and arrays are TOML values too),
 /// so the config parser and the kind's table check keys and types, and keys missing from an
 /// older file take the kind's defaults.
-lt::ModelSection model_config_of(const lt::checkpoint_io::Checkpoint& c, const std::string& path) {
+lt::ModelSection model_config_of(const lt::checkpoint_io::Checkpoint& c, const std::string& path,
+                                 const std::string& init_from = "") {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(c.model_config);
@@ -52,14 +55,19 @@ lt::ModelSection model_config_of(const lt::checkpoint_io::Checkpoint& c, const s
     throw lt::checkpoint_io::CheckpointError(path + ": attribute model_config is not a JSON object");
   std::vector<std::string> sets;
   for (const auto& [key, value] : j.items()) sets.push_back("model." + key + "=" + value.dump());
-  return lt::models::resolve_model(lt::parse_config("", path + " (model_config)", sets).model);
+  auto section = lt::parse_config("", path + " (model_config)", sets).model;
+  std::vector<std::string> notes;
+  section = lt::trainers::model_section_for_init(section, init_from, &notes);
+  for (const auto& n : notes) std::cout << "  note: " << n << "\n";
+  return lt::models::resolve_model(section);
 }
 
-/// A [model] section from JSON text given on the command line.
-lt::ModelSection model_section_of_json(const std::string& text) {
+/// A [model] section from JSON text given on the command line, completed from `init_from`'s
+/// config.json as `train --init-from` completes it (trainers::model_section_for_init).
+lt::ModelSection model_section_of_json(const std::string& text, const std::string& init_from) {
   lt::checkpoint_io::Checkpoint c;
   c.model_config = text;
-  return model_config_of(c, "--model");
+  return model_config_of(c, "--model", init_from);
 }
 
 /// The model's tensors as a step-0 checkpoint whose model_config is `section`.
@@ -132,7 +140,7 @@ int main(int argc, char** argv) {
     std::shared_ptr<lt::models::Model> model;
     int64_t step = 0;
     if (from_model) {
-      mcfg = model_section_of_json(model_json);
+      mcfg = model_section_of_json(model_json, init_from);
       model = lt::models::build_model(mcfg);
       const auto r = lt::trainers::init_model(init_from, mcfg, *model, skip_mismatched);
       std::cout << "loaded " << r.loaded << " tensors from " << init_from << " (" << r.description << ")\n";

@@ -5,6 +5,7 @@
 // the config is resolved (examples/custom_model). Nothing outside a kind's own files names it.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,22 @@ struct ModelKind {
   /// named_parameters() and named_buffers()) in the other library's names, with its config.
   /// Throws lt::ConfigError when these options have no counterpart there.
   std::function<ExportedWeights(const Options&, const NamedTensors&)> export_weights;
+  /// Optional: the options another library's model directory implies, for `--init-from DIR`
+  /// with a config that leaves them unset. Given the [model] options the user's config sets
+  /// (`given`, unresolved) and the text of DIR/config.json (`source` = DIR, for messages),
+  /// returns `given` with every option config.json determines filled in where `given` lacks it
+  /// (and options config.json says nothing of, such as seq_len, derived where the kind's
+  /// default cannot hold, e.g. capped at the positions the model has). A given value that
+  /// disagrees with config.json is an lt::DataError listing every such key with both values.
+  /// std::nullopt: config.json names an architecture this kind does not read (another kind
+  /// may). lt::DataError: it names one the kind reads, in a form leantrain cannot represent
+  /// (an unimplemented RoPE scaling, heads not divisible by key/value heads, ...), naming the
+  /// key. trainers::model_section_for_init (trainers/pretrained.h) applies it before the
+  /// config is resolved, and picks the kind when model.kind is unset. Empty: the options come
+  /// from the config only.
+  std::function<std::optional<Options>(const Options& given, const std::string& config_json,
+                                       const std::string& source)>
+      options_from_foreign;
   /// Optional (attention_memory.h): the [B,H,T,T] bytes per sample the model's attention cores
   /// hold in a training step on a device, with activations of a dtype, under a recompute
   /// policy — the planner's analytic attention term. Empty: the kind has no attention (0).

@@ -51,15 +51,54 @@ InitResult init_model(const std::string& path, const ModelSection& section, torc
 /// config parser and the kind's table).
 ModelSection checkpoint_model_section(const checkpoint_io::Checkpoint& c, const std::string& path);
 
+/// The [model] section of a run that starts from `init_from` (--init-from), before the
+/// config is resolved. When `init_from` is a Hugging Face directory whose config.json a kind
+/// reads (ModelKind::options_from_foreign): `given` with every option config.json determines
+/// filled in where `given` leaves it unset (a set value that disagrees: lt::DataError naming
+/// each key with both values), and model.kind set to that kind when `given` leaves it unset;
+/// a model.kind set to another kind is a ConfigError saying which kind to set. Then (or for
+/// any other directory) config.json is checked by the kind's import before a model is built
+/// (no tensors read). Anything else (a checkpoint, a safetensors file): `given` unchanged.
+/// `notes` gets what was filled in.
+ModelSection model_section_for_init(const ModelSection& given, const std::string& init_from,
+                                   std::vector<std::string>* notes = nullptr);
+
+/// The shards of an export: indices into `tensors`, in order, each shard holding at most
+/// `max_shard_bytes` of tensor data unless one tensor alone is bigger (it gets a shard of its
+/// own); 0: one shard. As huggingface_hub's split_torch_state_dict_into_shards.
+std::vector<std::vector<size_t>> shard_plan(const std::vector<checkpoint_io::NamedTensor>& tensors,
+                                            int64_t max_shard_bytes);
+
+/// How `leantrain export` writes.
+struct ExportOptions {
+  /// fp32 | bf16 | fp16: the floating-point tensors' dtype in the files (the checkpoint is fp32).
+  std::string dtype = "fp32";
+  /// --format hf: above this many bytes of tensors the weights go into shards
+  /// model-0000i-of-0000n.safetensors with model.safetensors.index.json, as save_pretrained
+  /// writes them (no tensor split; one bigger than this gets a shard of its own); 0: always
+  /// one model.safetensors. Default 5 GB, the size models on the Hugging Face Hub are
+  /// sharded at (transformers 4.x's default).
+  int64_t max_shard_bytes = 5'000'000'000;
+  /// --format hf: the Hugging Face directory the model was initialised from (--init-from).
+  /// Its tokenizer files and generation_config.json are copied, and its config.json's keys
+  /// the export leaves out or null (bos/eos/pad token ids, ...) kept, when it is of the same
+  /// model_type. Empty: none.
+  std::string source;
+};
+
 /// `leantrain export CHECKPOINT --format safetensors|hf --out DIR`: the checkpoint's model
 /// weights (verified against its model config) into DIR/model.safetensors: "safetensors" in
 /// leantrain's names with the model config in the metadata (leantrain.model_config,
 /// leantrain.kind); "hf" in the kind's other library's names (export_weights) with its
-/// config.json when it has one. Everything is converted before anything is written; each
-/// file is written atomically and a failure removes what this call wrote. Returns the files
-/// written. Throws ConfigError (bad format, a kind without export), CheckpointError (bad
-/// checkpoint), lt::StorageError (DIR not writable).
+/// config.json when it has one, sharded as `opt` says. Everything is converted before
+/// anything is written; each file is written atomically and a failure removes what this call
+/// wrote; weight files of an earlier export in DIR that this one did not write (a single file
+/// where shards are written now, or shards of another count) are removed after it succeeds.
+/// Returns the files written. Throws ConfigError (bad format or options, a kind without
+/// export), CheckpointError (bad checkpoint), DataError (an unreadable --source),
+/// lt::StorageError (DIR not writable).
 std::vector<std::string> export_weights(const std::string& checkpoint, const std::string& format,
-                                        const std::string& out_dir, std::vector<std::string>* notes = nullptr);
+                                        const std::string& out_dir, std::vector<std::string>* notes = nullptr,
+                                        const ExportOptions& opt = {});
 
 }  // namespace lt::trainers
