@@ -443,7 +443,10 @@ void GradientSync::start_ready_buckets() {
         slot_view(slot, p).copy_(g);
       if (transient) p.mutable_grad() = torch::Tensor();  // packed: the rank keeps only its chunk's sums
     }
-    if (next_bucket_ == 0 && (first_in_step_ || !transient)) first_start_ = Clock::now();
+    if (next_bucket_ == 0 && (first_in_step_ || !transient)) {
+      first_start_ = Clock::now();
+      if (first_bucket_hook_) first_bucket_hook_();
+    }
     b.work = stage_ == ShardStage::kNone ? comm_->allreduce_sum_async(b.flat) : comm_->reduce_scatter_sum_async(b.flat);
     ++next_bucket_;
   }

@@ -510,11 +510,14 @@ torch::Tensor Bert::forward(const torch::Tensor& input) { return mlm->forward(hi
 
 torch::Tensor Bert::forward_loss(const torch::Tensor& input, const torch::Tensor& target) {
   if (const int64_t fused = fused_loss_chunk_tokens(tok_emb->weight.size(0), tok_emb->weight.size(1), input.device().type())) {
-    // Only the masked tokens reach the head (Note [Fused LM loss]): its transform too.
+    // Only the masked tokens reach the head (Note [Fused LM loss]): its transform too. Their
+    // count is queued before the encoder and read after it, behind the encoder's kernels on a
+    // GPU (Note [Counts read behind the queue]); on the CPU rows is nonzero(), as it was.
+    lt::recompute::MaskedRows masked(target);
     auto slot = c10::make_intrusive<TiedGradSlot>();
     auto h = hidden(input, slot);
     const auto t = target.reshape({-1});
-    const auto rows = (t != kIgnoreIndex).nonzero().squeeze(1);
+    const auto rows = masked.indices();
     const auto hv = h.reshape({-1, h.size(-1)}).index_select(0, rows);
     return fused_linear_cross_entropy(mlm->transform(hv), tok_emb->weight, mlm->bias, t.index_select(0, rows), fused,
                                       head_matmul(), slot);

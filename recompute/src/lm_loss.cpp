@@ -10,6 +10,7 @@
 #endif
 
 #include "leantrain/recompute/cpu_kernels.h"
+#include "leantrain/recompute/host_readback.h"
 #include "leantrain/runtime/errors.h"
 
 
@@ -86,6 +87,21 @@ bool head_products_in_fp32(HeadMatmul choice, c10::ScalarType compute, c10::Devi
   return device == c10::DeviceType::CPU && compute == torch::kBFloat16 && cpu_bf16_gemm_is_slow();
 }
 
+// Note [Fused LM loss without host syncs]
+// Two steps of the fused loss size a tensor by a count that lives on the device: dropping the
+// rows whose target is ignored (valid.all().item() and nonzero()), and the tied embedding's
+// backward grouping its rows by distinct token (_unique2). On the CPU reading the count costs
+// nothing, and both stay: dropping rows saves the head's work on them, and grouping keeps the
+// sums bitwise those of the plain embedding (Note [Tied embedding's gradient added into the
+// head's]). On a GPU each read drains the stream once per micro-batch (Note [Counts read behind
+// the queue], host_readback.cpp), so there (`sync_free`) every row goes through the head, an
+// ignored row's target pointing at class 0 and its loss and gradient multiplied by a weight of
+// 0 (the valid rows' by 1 / count, as before), and the embedding adds each token's row straight
+// into the head's gradient. The loss and the gradients are the same up to fp32 rounding
+// (summation order; LmLoss.SyncFreePathMatchesTheCpuPath runs both on the CPU). The head's
+// extra work is the ignored rows': none for GPT, whose targets are all valid, and none for
+// BERT, which hands the head only its masked rows (MaskedRows, read behind its encoder).
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -94,14 +110,25 @@ using torch::autograd::variable_list;
 struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor h, torch::Tensor w, torch::Tensor b,
                                torch::Tensor target, int64_t chunk, c10::ScalarType compute, bool has_bias,
-                               bool fp32_products, c10::intrusive_ptr<TiedGradSlot> slot) {
+                               bool fp32_products, c10::intrusive_ptr<TiedGradSlot> slot, bool sync_free) {
     // Explicit casts below; autocast would cast the weight again for every chunk.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto valid = target != kIgnoreIndex;
     const auto count = valid.sum().clamp_min(1).to(torch::kFloat);
-    const auto rows = valid.all().item<bool>() ? torch::Tensor() : valid.nonzero().squeeze(1);
+    const auto inv_count = count.reciprocal();
+    // Note [Fused LM loss without host syncs]: sync-free, every row runs through the head and
+    // an ignored row's target points at class 0 with a weight of 0; else the ignored rows are
+    // dropped, which reads their number on the host.
+    torch::Tensor rows, tv, keep, row_weight;  // keep, row_weight: [m, 1], sync-free only
+    if (sync_free) {
+      tv = at::where(valid, target, at::zeros({}, target.options()));
+      keep = valid.unsqueeze(1);
+      row_weight = at::where(keep, inv_count, at::zeros({}, inv_count.options()));
+    } else {
+      if (!valid.all().item<bool>()) rows = valid.nonzero().squeeze(1);
+      tv = rows.defined() ? target.index_select(0, rows) : target;
+    }
     const auto hv = rows.defined() ? h.index_select(0, rows) : h;
-    const auto tv = rows.defined() ? target.index_select(0, rows) : target;
     const int64_t m = hv.size(0);
     // Several chunks: grad_weight summed in fp32. One chunk (few tokens: a small micro-batch
     // or sequence): its one product, in the matmul dtype, is grad_weight, as in the plain path
@@ -118,7 +145,6 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     auto grad_b = has_bias ? torch::zeros(b.sizes(), b.options().dtype(torch::kFloat)) : torch::Tensor();
     auto grad_hv = torch::empty({m, h.size(1)}, h.options().dtype(compute));
     auto total = torch::zeros({}, h.options().dtype(torch::kFloat));
-    const auto inv_count = count.reciprocal();
     std::optional<double> inv_count_value;  // read once, by the first chunk that needs it on the host
     {  // the casts live only through the chunks
       // The products' operands: in the matmul dtype, or rounded to it and widened to fp32
@@ -136,7 +162,7 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
         const auto x = fp32_products ? xc.narrow(0, s, len).to(torch::kFloat) : xc.narrow(0, s, len);
         const auto t = tv.narrow(0, s, len).unsqueeze(1);
         auto logp = (bc.defined() ? at::linear(x, wc, bc) : at::linear(x, wc)).to(torch::kFloat);
-        if (softmax_xent_kernel_applies(logp)) {
+        if (!sync_free && softmax_xent_kernel_applies(logp)) {
           // The CPU: the chunk's losses and d(their sum)/d logits / count in one kernel that
           // keeps each row in cache (Note [CPU kernels for the tanh GELU and the loss's softmax]).
           if (!inv_count_value) inv_count_value = inv_count.item<double>();
@@ -145,11 +171,14 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
           // One fused log-softmax (the kernel cross-entropy runs) instead of logsumexp's passes
           // and a subtraction: the chunk's losses are -log p[target].
           logp = at::_log_softmax(logp, 1, /*half_to_float=*/false);
-          total.sub_(logp.gather(1, t).sum());
-          // d(sum of the chunk's losses)/d logits = softmax - onehot; then / count (the mean).
+          const auto picked = logp.gather(1, t);
+          total.sub_((keep.defined() ? at::where(keep.narrow(0, s, len), picked, at::zeros({}, picked.options()))
+                                     : picked).sum());
+          // d(sum of the chunk's losses)/d logits = softmax - onehot; then / count (the mean),
+          // sync-free times 0 for an ignored row (its weight).
           logp.exp_();
           logp.scatter_add_(1, t, torch::full({len, 1}, -1.0f, logp.options()));
-          logp.mul_(inv_count);
+          logp.mul_(keep.defined() ? row_weight.narrow(0, s, len) : inv_count);
         }
         if (fp32_products) {
           // fp32 GEMMs from the fp32 logit gradient; grad_weight accumulates inside the GEMM.
@@ -226,7 +255,7 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
       ctx->saved_data.erase(it);
     }
     return {grad_h, grad_w, grad_b.defined() ? grad_b * g : torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -247,10 +276,11 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
 // chunked loss, fp16, eval) the slot stays empty and the dense gradient is returned.
 struct TiedEmbedding : torch::autograd::Function<TiedEmbedding> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& weight, const torch::Tensor& ids,
-                               c10::intrusive_ptr<TiedGradSlot> slot) {
+                               c10::intrusive_ptr<TiedGradSlot> slot, bool sync_free) {
     ctx->saved_data["ids"] = ids;
     ctx->saved_data["rows"] = weight.size(0);
     ctx->saved_data["slot"] = c10::IValue::make_capsule(std::move(slot));
+    ctx->saved_data["sync_free"] = sync_free;
     return at::embedding(weight, ids);
   }
 
@@ -265,13 +295,21 @@ struct TiedEmbedding : torch::autograd::Function<TiedEmbedding> {
         head.device() != g.device() || !head.is_contiguous())
       return {at::embedding_backward(g, ids, rows, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false,
                                      /*sparse=*/false),
-              torch::Tensor(), torch::Tensor()};
+              torch::Tensor(), torch::Tensor(), torch::Tensor()};
     const auto flat = ids.reshape({-1});
+    const auto rows_of_g = g.reshape({-1, g.size(-1)});
+    if (ctx->saved_data["sync_free"].toBool()) {
+      // Note [Fused LM loss without host syncs]: each token's row straight into the head's
+      // gradient. _unique2 below sizes its output by the number of distinct tokens, read on the
+      // host; here the same sums in another order (CUDA's index_add_ adds with atomics anyway).
+      head.index_add_(0, flat, rows_of_g.to(head.scalar_type()));
+      return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
     const auto [tokens, inverse, counts] = at::_unique2(flat, /*sorted=*/true, /*return_inverse=*/true);
     auto sums = torch::zeros({tokens.size(0), g.size(-1)}, g.options());
-    sums.index_add_(0, inverse, g.reshape({-1, g.size(-1)}));
+    sums.index_add_(0, inverse, rows_of_g);
     head.index_add_(0, tokens, sums.to(head.scalar_type()));
-    return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -305,7 +343,7 @@ int64_t fused_lm_loss_chunk_tokens(int64_t vocab, int64_t dim) {
 torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                          const torch::Tensor& bias, const torch::Tensor& target,
                                          int64_t chunk_tokens, HeadMatmul matmul,
-                                         const c10::intrusive_ptr<TiedGradSlot>& slot) {
+                                         const c10::intrusive_ptr<TiedGradSlot>& slot, std::optional<bool> sync_free) {
   TORCH_CHECK(chunk_tokens > 0, "fused_linear_cross_entropy: chunk_tokens must be > 0, got ", chunk_tokens);
   const auto h = hidden.reshape({-1, hidden.size(-1)});
   const auto t = target.reshape({-1});
@@ -317,13 +355,26 @@ torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torc
   // An undefined tensor cannot be a custom function's input: without a bias, an empty one.
   const bool has_bias = bias.defined();
   return FusedLinearCrossEntropy::apply(h, weight, has_bias ? bias : torch::empty({0}, h.options()), t, chunk_tokens,
-                                        compute, has_bias, head_products_in_fp32(matmul, compute, device), slot);
+                                        compute, has_bias, head_products_in_fp32(matmul, compute, device), slot,
+                                        sync_free.value_or(!h.is_cpu()));
 }
 
 torch::Tensor tied_embedding(const torch::Tensor& weight, const torch::Tensor& ids,
-                             const c10::intrusive_ptr<TiedGradSlot>& slot) {
+                             const c10::intrusive_ptr<TiedGradSlot>& slot, std::optional<bool> sync_free) {
   if (!slot || !torch::GradMode::is_enabled() || !weight.requires_grad()) return at::embedding(weight, ids);
-  return TiedEmbedding::apply(weight, ids, slot);
+  return TiedEmbedding::apply(weight, ids, slot, sync_free.value_or(!weight.is_cpu()));
+}
+
+MaskedRows::MaskedRows(const torch::Tensor& target, std::optional<bool> sync_free)
+    : valid_(target.reshape({-1}) != kIgnoreIndex), sync_free_(sync_free.value_or(!target.is_cpu())) {
+  if (sync_free_) count_ = HostReadback(valid_.sum());
+}
+
+torch::Tensor MaskedRows::indices() {
+  if (!sync_free_) return valid_.nonzero().squeeze(1);
+  // Note [Counts read behind the queue]: the count was queued at construction; nonzero_static
+  // with that size finds the same rows, in the same order, without reading anything back.
+  return at::nonzero_static(valid_, count_.sum()).squeeze(1);
 }
 
 }  // namespace lt::recompute

@@ -1,10 +1,13 @@
 #include "leantrain/recompute/packed_activation.h"
 #include "leantrain/recompute/conv_products.h"
+#include "leantrain/recompute/host_readback.h"
 #include "conv_geometry.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include <optional>
@@ -13,6 +16,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <immintrin.h>
 
 namespace lt::recompute {
@@ -41,8 +45,25 @@ namespace lt::recompute {
 // (vpcompress/vpexpand), so both passes run at memory speed (8-10x the portable loops
 // measured on a [8, 256, 56, 56] tensor). The portable loops move only the set bits of
 // each byte. Zero is tested on the bit pattern without its sign bit, which is "x != 0" for
-// IEEE floats, NaN included. On other devices the same layout is built from masked_select
-// and masked_scatter_ (unoptimized: one host sync per tensor for its count).
+// IEEE floats, NaN included. On other devices the same layout is built from torch ops
+// (Note [Packing without a host sync]) and unpacked with masked_scatter_.
+
+// Note [Packing without a host sync]
+// `values` cannot be allocated before the number of nonzeros is known on the host, and on a
+// GPU reading it (a count's `.item()`, or masked_select, which counts inside) drains the
+// stream: twice per split ResNet unit under `full`. So a sync-free pack (on any device but the
+// CPU) queues, at once, the bits and the nonzeros of each of at most 8 chunks of the tensor,
+// copied to the host behind the queue (Note [Counts read behind the queue],
+// host_readback.cpp), and keeps the tensor. Its values are gathered later, once the counts
+// have long arrived: at the thread's next sync-free pack (the next block's, when this block's
+// forward has been queued behind the counts) or at the first unpack or packed_bytes (backward),
+// whichever comes first. Each chunk's nonzeros are then nonzero_static of the chunk, sized by
+// its count (no read-back), and index_select into their place in `values`; the tensor is let
+// go. The layout is the one the CPU builds, bit for bit (tested on the CPU against it). The
+// price: a block input lives on until the next block's pack, when its successor is alive
+// anyway; the gather's int64 indices are one chunk's (max(2^20, numel / 8) elements), not the
+// whole tensor's. The pack is shared by its copies (the units that keep it),
+// and a mutex makes the gather happen once whichever thread asks first.
 
 namespace {
 
@@ -401,6 +422,13 @@ at::Tensor bool_to_bits(const at::Tensor& mask) {
   return bytes.bitwise_left_shift(at::arange(8, bytes.options())).sum(1, false, at::kByte);
 }
 
+// Note [Packing without a host sync]: at least 2^20 elements a chunk, at most 8 chunks.
+int64_t gather_chunk(int64_t n) { return std::max<int64_t>(int64_t{1} << 20, (n + 7) / 8); }
+
+c10::Stream current_stream(const c10::Device& device) {
+  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+}
+
 at::Tensor bits_to_bool(const at::Tensor& bits, int64_t n) {
   return bits.unsqueeze(1).bitwise_right_shift(at::arange(8, bits.options())).bitwise_and(1).to(at::kBool).reshape(-1).narrow(0, 0, n);
 }
@@ -431,6 +459,95 @@ at::Tensor shared_bits_of(const at::Tensor& x) {
 
 }  // namespace
 
+// A sync-free pack until its values are gathered (Note [Packing without a host sync]).
+struct DeferredPack {
+  std::mutex mutex;
+  at::Tensor x;              // the packed tensor (dense), until gathered
+  int64_t version = 0;       // x's when packed: it must not change before the gather
+  int64_t chunk = 0;         // elements per chunk of the gather
+  HostReadback counts;       // nonzeros per chunk
+  std::optional<c10::Stream> stream;  // where the pack's kernels were queued
+  at::Tensor bits, values;   // the pack's, once gathered
+  bool gathered = false;
+};
+
+namespace {
+
+// The thread's last sync-free pack, gathered by its next one (held weakly: a pack nobody
+// keeps any more is gone, its tensor with it).
+std::weak_ptr<DeferredPack>& last_deferred() {
+  thread_local std::weak_ptr<DeferredPack> last;
+  return last;
+}
+
+void gather(DeferredPack& d) {
+  std::lock_guard<std::mutex> lock(d.mutex);
+  if (d.gathered) return;
+  TORCH_CHECK(d.x._version() == d.version,
+              "pack_tensor: the packed tensor was modified in place before its values were gathered");
+  at::NoGradGuard no_grad;
+  const auto f = flat(d.x);
+  // The gather runs on the caller's stream (backward's may differ from the forward's): it
+  // waits for the pack's kernels, and x's memory is not reused before the gather has read it.
+  const auto here = current_stream(f.device());
+  if (here != *d.stream) {
+    c10::Event packed(here.device_type());
+    packed.record(*d.stream);
+    packed.block(here);
+    d.x.record_stream(here);
+  }
+  const auto& counts = d.counts.values();
+  const int64_t n = f.numel(), w = f.element_size(), nbytes = (n + 7) / 8;
+  const int64_t nnz = d.counts.sum();
+  if (nbytes + nnz * w >= n * w) {  // not smaller: kept as it is, as pack_tensor decides
+    d.values = d.x;
+    d.bits = at::Tensor();
+  } else {
+    d.values = at::empty({nnz}, f.options());
+    int64_t to = 0;
+    for (size_t c = 0; c < counts.size(); ++c) {
+      if (counts[c] == 0) continue;
+      const int64_t lo = static_cast<int64_t>(c) * d.chunk;
+      const auto part = f.narrow(0, lo, std::min(d.chunk, n - lo));
+      auto dst = d.values.narrow(0, to, counts[c]);
+      // nonzero_static tests `!= 0` on the values themselves: the bits' rule, NaN kept, -0.0 not.
+      at::index_select_out(dst, part, 0, at::nonzero_static(part, counts[c]).view({-1}));
+      to += counts[c];
+    }
+  }
+  d.x = at::Tensor();
+  d.gathered = true;
+}
+
+PackedTensor pack_deferred(const at::Tensor& x, PackedTensor p) {
+  if (auto previous = last_deferred().lock()) gather(*previous);
+  const auto f = flat(x);
+  const int64_t n = f.numel(), chunk = gather_chunk(n), chunks = (n + chunk - 1) / chunk;
+  const auto mask = f != 0;
+  const int64_t whole = (chunks - 1) * chunk;  // the chunks before the last, which may be short
+  auto counts = mask.narrow(0, whole, n - whole).sum().reshape({1});
+  if (chunks > 1) counts = at::cat({mask.narrow(0, 0, whole).view({chunks - 1, chunk}).sum(1), counts});
+  auto d = std::make_shared<DeferredPack>();
+  d->counts = HostReadback(counts);
+  d->bits = bool_to_bits(mask);
+  d->x = x;
+  d->version = x._version();
+  d->chunk = chunk;
+  d->stream = current_stream(x.device());
+  last_deferred() = d;
+  p.values = at::Tensor();
+  p.deferred = std::move(d);
+  return p;
+}
+
+}  // namespace
+
+PackedTensor resolved_pack(const PackedTensor& p) {
+  if (!p.deferred) return p;
+  gather(*p.deferred);  // its fields are final once gathered
+  return {p.deferred->bits, p.deferred->values, p.sizes, p.strides, nullptr};
+}
+
 bool packing_vector_kernels() { return vector_kernels_flag().load(std::memory_order_relaxed); }
 
 bool set_packing_vector_kernels(bool on) {
@@ -449,13 +566,14 @@ at::Tensor nonzero_bits(const at::Tensor& x) {
   return bits;
 }
 
-PackedTensor pack_tensor(const at::Tensor& x_in) {
+PackedTensor pack_tensor(const at::Tensor& x_in, std::optional<bool> sync_free) {
   at::NoGradGuard no_grad;
   if (!at::isFloatingType(x_in.scalar_type()) || x_in.numel() == 0) return {at::Tensor(), x_in, {}, {}};
   const at::Tensor x = x_in.is_non_overlapping_and_dense() ? x_in : x_in.contiguous();
   const int64_t n = x.numel(), w = x.element_size(), nbytes = (n + 7) / 8;
   PackedTensor p{at::Tensor(), x_in, x.sizes().vec(), x.strides().vec()};
-  if (!x.device().is_cpu()) {
+  if (sync_free.value_or(!x.device().is_cpu())) return pack_deferred(x, std::move(p));
+  if (!x.device().is_cpu()) {  // two host syncs: the count and masked_select's own
     auto mask = flat(x) != 0;
     const int64_t nnz = mask.sum().item<int64_t>();
     if (nbytes + nnz * w >= n * w) return p;
@@ -483,6 +601,7 @@ PackedTensor pack_tensor(const at::Tensor& x_in) {
 }
 
 at::Tensor unpack_tensor(const PackedTensor& p) {
+  if (p.deferred) return unpack_tensor(resolved_pack(p));
   if (!p.bits.defined()) return p.values;
   auto out = at::empty_strided(p.sizes, p.strides, p.values.options());
   const int64_t n = out.numel(), w = out.element_size();
@@ -531,6 +650,7 @@ at::Tensor scale_where(const at::Tensor& x, const at::Tensor& bits, const at::Te
 }
 
 int64_t packed_bytes(const PackedTensor& p) {
+  if (p.deferred) return packed_bytes(resolved_pack(p));
   return (p.bits.defined() ? static_cast<int64_t>(p.bits.nbytes()) : 0) +
          (p.values.defined() ? static_cast<int64_t>(p.values.nbytes()) : 0);
 }
@@ -661,8 +781,8 @@ class PackedInputConv : public torch::autograd::Function<PackedInputConv> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
     auto holder = c10::static_intrusive_pointer_cast<PackHolder>(ctx->saved_data["pack"].toCapsule());
-    TORCH_CHECK(holder->pack.values.defined(), "conv_keeping_packed_input: differentiated twice (its packed input "
-                                               "is released by the first backward)");
+    TORCH_CHECK(holder->pack.values.defined() || holder->pack.deferred,
+                "conv_keeping_packed_input: differentiated twice (its packed input is released by the first backward)");
     auto x = unpack_tensor(holder->pack);
     holder->pack = PackedTensor{};  // this node's hold on it ends here
     const auto weight = ctx->get_saved_variables()[0];

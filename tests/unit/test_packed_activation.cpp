@@ -10,6 +10,7 @@
 
 #include "leantrain/recompute/packed_activation.h"
 #include "leantrain/runtime/memory_meter.h"
+#include "host_reads.h"
 
 namespace {
 
@@ -280,6 +281,98 @@ TEST(PackedActivation, ConvKeepingPackedInputHoldsOnlyThePack) {
     EXPECT_NE(std::string(e.what()).find("conv_keeping_packed_input: differentiated twice"), std::string::npos)
         << e.what();
   }
+}
+
+// Note [Packing without a host sync]: the path a GPU takes, run on the CPU, calls no operator
+// that reads a value on the host (HostReads) and builds the CPU's
+// layout bit for bit (bits and values) in every dtype and layout, over several gather chunks
+// (the last one short), with NaN, infinities and signed zeros, and keeps a dense tensor whole;
+// unpacking gives the tensor back.
+TEST(PackedActivation, SyncFreePackIsTheCpuLayoutBitwise) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<std::pair<std::string, torch::Tensor>> cases;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf, torch::kDouble}) {
+    cases.emplace_back(c10::str(dtype, " odd"), sparse({3, 5, 7, 11}, 0.5, dtype, 11));
+    cases.emplace_back(c10::str(dtype, " channels-last"),
+                       sparse({2, 64, 24, 24}, 0.4, dtype, 12).contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  cases.emplace_back("3 gather chunks", sparse({(int64_t{5} << 19) + 3}, 0.6, torch::kFloat, 13));
+  auto special = torch::zeros({40});
+  special.index_put_({torch::tensor({1, 2, 5, 8, 30})}, torch::tensor({-0.0f, nan, -inf, 2.0f, inf}));
+  cases.emplace_back("special values", special);
+  cases.emplace_back("dense", torch::randn({32, 32}) + 10.0);
+  for (const auto& [name, x] : cases) {
+    SCOPED_TRACE(name);
+    const auto at_once = pack_tensor(x, /*sync_free=*/false);
+    lt::recompute::PackedTensor deferred, r;
+    {
+      lt_test::HostReads reads;  // the pack and its gather read nothing on the host
+      deferred = pack_tensor(x, /*sync_free=*/true);
+      ASSERT_TRUE(deferred.deferred);
+      EXPECT_FALSE(deferred.values.defined());
+      r = lt::recompute::resolved_pack(deferred);
+      EXPECT_EQ(reads.count(), 0) << reads.names();
+    }
+    EXPECT_FALSE(r.deferred);
+    ASSERT_EQ(r.bits.defined(), at_once.bits.defined());
+    if (r.bits.defined()) {
+      EXPECT_TRUE(torch::equal(r.bits, at_once.bits));
+      EXPECT_TRUE(bitwise_equal(r.values, at_once.values));
+    } else {
+      EXPECT_TRUE(r.values.is_same(x));  // kept whole, as the CPU keeps it
+    }
+    EXPECT_EQ(packed_bytes(deferred), packed_bytes(at_once));
+    EXPECT_TRUE(bitwise_equal(unpack_tensor(deferred), unpack_tensor(at_once)));
+  }
+}
+
+// A sync-free pack holds its tensor until the thread's next sync-free pack gathers its values
+// (or an unpack does), then lets it go; its copies share the gather. A tensor changed in place
+// before the gather is refused by name.
+TEST(PackedActivation, SyncFreePackIsGatheredByTheNextPack) {
+  const auto x = sparse({4, 16, 8, 8}, 0.5, torch::kFloat, 21);
+  const auto y = sparse({4, 16, 8, 8}, 0.5, torch::kFloat, 22);
+  const auto refs = x.use_count();
+  const auto p = pack_tensor(x, /*sync_free=*/true);
+  const auto copy = p;
+  EXPECT_EQ(x.use_count(), refs + 1);  // the pack keeps x until it is gathered
+  const auto q = pack_tensor(y, /*sync_free=*/true);
+  EXPECT_EQ(x.use_count(), refs);  // gathered by the next pack
+  EXPECT_TRUE(bitwise_equal(unpack_tensor(copy), x));
+  EXPECT_TRUE(bitwise_equal(unpack_tensor(q), y));  // an unpack gathers too
+  {
+    auto z = sparse({64}, 0.5, torch::kFloat, 23);
+    const auto r = pack_tensor(z, /*sync_free=*/true);
+    z.add_(1.0);
+    try {
+      unpack_tensor(r);
+      FAIL() << "a pack of a tensor changed in place was unpacked";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("pack_tensor: the packed tensor was modified in place"), std::string::npos)
+          << e.what();
+    }
+  }  // r is gone: the next sync-free pack has nothing to gather
+  EXPECT_TRUE(bitwise_equal(unpack_tensor(pack_tensor(x, /*sync_free=*/true)), x));
+}
+
+// A convolution keeping a sync-free pack of its input has conv's gradients bitwise, as with a
+// pack made at once (ConvKeepingPackedInputHasConvsGradientsBitwise).
+TEST(PackedActivation, ConvKeepingASyncFreePackHasConvsGradientsBitwise) {
+  torch::manual_seed(14);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(8, 6, 3).stride(2).padding(1).bias(true));
+  const auto x = sparse({3, 8, 11, 9}, 0.4, torch::kFloat, 15);
+  auto run = [&](bool packed) {
+    for (auto& p : conv->parameters()) p.mutable_grad() = torch::Tensor();
+    auto in = x.clone().requires_grad_(true);
+    auto y = packed ? lt::recompute::conv_keeping_packed_input(*conv, in, pack_tensor(x, /*sync_free=*/true))
+                    : conv->forward(in);
+    y.backward(torch::ones_like(y));
+    std::vector<torch::Tensor> out{y.detach(), in.grad()};
+    for (auto& p : conv->parameters()) out.push_back(p.grad());
+    return out;
+  };
+  const auto plain = run(false), packed = run(true);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], packed[i])) << i;
 }
 
 TEST(PackedActivation, BadInputIsRefusedByName) {

@@ -13,6 +13,7 @@
 #include "leantrain/recompute/lm_loss.h"
 #include "leantrain/recompute/conv_products.h"
 #include "autograd_nodes.h"
+#include "host_reads.h"
 #include "leantrain/models/bert.h"
 #include "leantrain/models/gpt.h"
 #include "leantrain/models/model.h"
@@ -1044,6 +1045,85 @@ TEST(LmLoss, FusedLossBackwardScalesItsSavedGradientInPlace) {
     FAIL() << "a second backward through the fused loss ran";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("backward ran a second time"), std::string::npos) << e.what();
+  }
+}
+
+// Note [Fused LM loss without host syncs]: the path a GPU takes (every row through the head,
+// ignored rows weighted 0; the tied embedding's rows added straight into the head's gradient),
+// run on the CPU, calls no operator that reads a value on the host (HostReads) and gives the
+// CPU path's loss and gradients up to rounding: a tied embedding, a
+// transform, the fused head with a bias; a few, most, none and all targets ignored; fp32 (in
+// one chunk and in several), the fp32-products path and bf16 autocast.
+TEST(LmLoss, SyncFreePathMatchesTheCpuPath) {
+  using lt::recompute::HeadMatmul;
+  const int64_t vocab = 40, d = 16, n = 30;
+  for (const char* precision : {"fp32", "bf16"})
+    for (HeadMatmul matmul : {HeadMatmul::kAutocast, HeadMatmul::kFp32})
+      for (int64_t chunk : {int64_t{7}, int64_t{64}})
+        for (double ignored : {0.0, 0.3, 0.9, 1.0}) {
+          const bool bf16 = std::string(precision) == "bf16";
+          if (!bf16 && matmul == HeadMatmul::kFp32) continue;  // without autocast, one path
+          SCOPED_TRACE(c10::str(precision, " fp32 products ", matmul == HeadMatmul::kFp32, " chunk ", chunk,
+                                " ignored ", ignored));
+          torch::manual_seed(5);
+          const auto w0 = torch::randn({vocab, d}) * 0.3, b0 = torch::randn({vocab}) * 0.1;
+          const auto m0 = torch::randn({d, d}) * 0.3;
+          const auto ids = torch::randint(0, vocab, {n});
+          auto target = torch::randint(0, vocab, {n});
+          target.masked_fill_(torch::rand({n}) < ignored, lt::recompute::kIgnoreIndex);
+          if (ignored == 1.0) target.fill_(lt::recompute::kIgnoreIndex);
+          auto run = [&](bool sync_free) {
+            auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+            auto m = m0.clone().requires_grad_(true);
+            torch::Tensor loss;
+            {
+              lt::trainers::AutocastGuard ac(precision, torch::kCPU);
+              auto slot = c10::make_intrusive<lt::recompute::TiedGradSlot>();
+              const auto h = torch::tanh(torch::matmul(lt::recompute::tied_embedding(w, ids, slot, sync_free), m));
+              loss = lt::recompute::fused_linear_cross_entropy(h, w, b, target, chunk, matmul, slot, sync_free);
+            }
+            loss.backward();
+            return std::vector<torch::Tensor>{loss.detach(), w.grad(), b.grad(), m.grad()};
+          };
+          std::vector<torch::Tensor> cpu, sync_free;
+          {
+            lt_test::HostReads reads;
+            cpu = run(false);
+            // The counter sees the CPU path's reads, backward's included (the tied embedding's).
+            EXPECT_NE(reads.names().find("aten::_unique2"), std::string::npos) << reads.names();
+          }
+          {
+            lt_test::HostReads reads;
+            sync_free = run(true);
+            EXPECT_EQ(reads.count(), 0) << reads.names();
+          }
+          const double rtol = bf16 ? 2e-2 : 1e-5, atol = bf16 ? 2e-3 : 1e-6;
+          for (size_t i = 0; i < cpu.size(); ++i) {
+            ASSERT_TRUE(sync_free[i].defined()) << i;
+            EXPECT_TRUE(torch::allclose(cpu[i], sync_free[i], rtol, atol))
+                << i << " max diff " << (cpu[i] - sync_free[i]).abs().max().item<double>();
+          }
+          if (ignored == 1.0) EXPECT_EQ(sync_free[0].item<float>(), 0.0f);
+        }
+}
+
+// MaskedRows: the rows nonzero() gives, sync-free (the count read back, nonzero_static sized
+// by it: no operator that reads on the host) and not, bitwise, with none, some and all
+// targets ignored.
+TEST(LmLoss, MaskedRowsAreNonzerosRows) {
+  torch::manual_seed(6);
+  for (double ignored : {0.0, 0.85, 1.0}) {
+    auto target = torch::randint(0, 50, {4, 33});
+    target.masked_fill_(torch::rand(target.sizes()) < ignored, lt::recompute::kIgnoreIndex);
+    if (ignored == 1.0) target.fill_(lt::recompute::kIgnoreIndex);
+    const auto expected = (target.reshape({-1}) != lt::recompute::kIgnoreIndex).nonzero().squeeze(1);
+    for (bool sync_free : {false, true}) {
+      lt_test::HostReads reads;
+      const auto rows = lt::recompute::MaskedRows(target, sync_free).indices();
+      EXPECT_EQ(reads.count(), sync_free ? 0 : 1) << reads.names();  // nonzero() reads its count
+      EXPECT_EQ(rows.sizes(), expected.sizes()) << ignored << " " << sync_free;
+      EXPECT_TRUE(torch::equal(rows, expected)) << ignored << " " << sync_free;
+    }
   }
 }
 

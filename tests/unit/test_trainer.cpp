@@ -6,14 +6,17 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "leantrain/comm/communicator.h"
 #include "leantrain/runtime/errors.h"
 #include "leantrain/runtime/files.h"
 #include "leantrain/runtime/runtime_context.h"
+#include "leantrain/trainers/phase_clock.h"
 #include "leantrain/trainers/planner.h"
 #include "leantrain/trainers/step_policies.h"
 #include "leantrain/trainers/trainer.h"
@@ -238,6 +241,55 @@ TEST(TrainerStep, PlannerProbeAllocatesTheSamePeakAsTheTrainingStep) {
 // The background checkpoint writer reports its events from its own thread while the training
 // thread logs steps (the race this once had is what the ThreadSanitizer build of this test,
 // test_trainer_tsan, watches).
+// Note [Step timings on a GPU]: on the CPU the phase clock is host clocks: a span is the time
+// between its marks, spans add up per phase, marks taken on another thread (backward's) count,
+// and a new step forgets the last one's. A CUDA device gets events (built and named without a
+// GPU: nothing is recorded until a mark).
+TEST(PhaseClock, HostClocksOnTheCpuSumTheirSpans) {
+  const auto clock = PhaseClock::for_device(torch::kCPU);
+  EXPECT_EQ(std::string(clock->source()), "host");
+  EXPECT_FALSE(clock->on_device());
+  const auto nap = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  for (int step = 0; step < 2; ++step) {
+    clock->begin_step();
+    const auto d0 = clock->mark();
+    EXPECT_EQ(d0, 0u);  // marks restart every step
+    nap();
+    const auto d1 = clock->mark();
+    clock->add(PhaseClock::kData, d0, d1);
+    PhaseClock::Mark other = 0;
+    std::thread([&] { other = clock->mark(); }).join();
+    nap();
+    const auto c1 = clock->mark();
+    clock->add(PhaseClock::kCompute, d1, c1);
+    clock->add(PhaseClock::kData, other, c1);
+    const auto s = clock->read();
+    EXPECT_GE(s[PhaseClock::kData], 0.040);
+    EXPECT_GE(s[PhaseClock::kCompute], 0.020);
+    EXPECT_LT(s[PhaseClock::kCompute], s[PhaseClock::kData]);
+    EXPECT_EQ(s[PhaseClock::kUpdate], 0.0);
+    EXPECT_NEAR(clock->seconds(d0, c1), s[PhaseClock::kCompute] + clock->seconds(d0, d1), 1e-9);
+  }
+  const auto cuda = PhaseClock::for_device(torch::Device(torch::kCUDA, 0));
+  EXPECT_EQ(cuda->on_device(), std::string(cuda->source()) == "cuda_events");
+}
+
+// A training step on the CPU: its phases are host clocks and fit inside the step.
+TEST(TrainerStep, PhaseTimesAreHostClocksInsideTheStep) {
+  const auto ctx = cpu_context();
+  comm::LocalCommunicator comm;
+  const Config cfg = tiny_gpt(4);
+  Trainer trainer(cfg, make_components(cfg), ctx, comm);
+  for (int64_t step = 0; step < 2; ++step) {
+    const auto r = trainer.train_step(step);
+    EXPECT_EQ(r.timing, "host");
+    EXPECT_GT(r.compute_s, 0.0);
+    EXPECT_GT(r.update_s, 0.0);
+    EXPECT_GE(r.data_time_s, 0.0);
+    EXPECT_LE(r.data_time_s + r.compute_s + r.update_s, r.step_time_s);
+  }
+}
+
 TEST(TrainerRun, BackgroundCheckpointsReportWhileStepsAreLogged) {
   const auto ctx = cpu_context();
   const std::string dir = files::join(::testing::TempDir(), "lt_trainer_run." + std::to_string(::getpid()));
@@ -266,6 +318,11 @@ TEST(TrainerRun, BackgroundCheckpointsReportWhileStepsAreLogged) {
       written.push_back(files::stem(j["path"].get<std::string>()));
       EXPECT_GE(j["stall_s"].get<double>(), 0.0) << line;
       EXPECT_GT(j["bytes"].get<int64_t>(), 0) << line;
+    }
+    if (j["event"] == "step") {  // Note [Step timings on a GPU]: on the CPU, host clocks
+      EXPECT_EQ(j["timing"], "host") << line;
+      EXPECT_GT(j["compute_s"].get<double>(), 0.0) << line;
+      EXPECT_LT(j["compute_s"].get<double>(), j["step_time_s"].get<double>()) << line;
     }
   }
   EXPECT_EQ(steps, 6);

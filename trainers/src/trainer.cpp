@@ -22,6 +22,7 @@
 #include "leantrain/trainers/preemption.h"
 #include "leantrain/trainers/pretrained.h"
 #include "leantrain/trainers/schedule.h"
+#include "step_telemetry.h"
 #include "trainer_internal.h"
 
 namespace lt::trainers {
@@ -69,17 +70,6 @@ void inject_micro_batch_fault(TrainerHooks& hooks, int64_t step, int rank, bool 
 }
 
 }  // namespace
-
-// What the micro-batches of one try of a step left behind (Note [Out-of-memory back-off]).
-struct Trainer::MicroBatches {
-  torch::Tensor loss_sum;  // on the device: one host sync per step
-  int64_t tokens = 0;
-  double data_s = 0, compute_s = 0;
-  bool last_backward_begun = false, oom = false;
-  int64_t done = 0;             // micro-batches whose backward completed
-  int64_t backward_begun = -1;  // the last micro-batch begin_backward() was called for
-  std::string oom_what;
-};
 
 Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext& ctx, comm::Communicator& comm,
                  TrainerOptions opt)
@@ -141,9 +131,12 @@ Trainer::Trainer(const Config& cfg, Components components, const RuntimeContext&
   // The buckets before the optimizer: a sharded optimizer updates this rank's chunks of them.
   shard_ = world_ > 1 ? comm::parse_shard_stage(cfg_.memory.shard) : comm::ShardStage::kNone;
   params_ = model.parameters();
+  clock_ = PhaseClock::for_device(device_);
   grad_sync_ = std::make_unique<comm::GradientSync>(params_, cfg_.comm.first_bucket_mb, cfg_.comm.bucket_mb,
                                                     cfg_.comm.overlap, shard_, world_, rank_,
                                                     cfg_.memory.grad_accum_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
+  // Note [Step timings on a GPU]: where the first bucket starts, on the device's timeline.
+  if (clock_->on_device()) grad_sync_->set_first_bucket_hook([this] { first_bucket_mark_ = clock_->mark(); });
   optimizer_ = optim::make_run_optimizer(cfg_, model, *grad_sync_, comm_);
   scaler_ = std::make_unique<LossScaler>(cfg_.precision, precision_ == Precision::kFp16, device_);
   for (const auto& p : model.parameters()) param_bytes_ += static_cast<int64_t>(p.nbytes());
@@ -282,11 +275,11 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
   const int64_t epoch = step / steps_per_epoch_, k = step % steps_per_epoch_;
   try {
     for (int64_t j = 0; j < accum_; ++j) {
-      const auto d0 = Clock::now();
+      const auto d0 = clock_->mark();
       auto batch = prefetch_->take(data::micro_batch_indices(perm, k, micro_, accum_, world_, rank_, j), epoch);
-      mb.data_s += seconds_since(d0);
+      clock_->add(PhaseClock::kData, d0, clock_->mark());
       want_next_micro_batch(step, perm, j);
-      const auto c0 = Clock::now();
+      const auto c0 = clock_->mark();
       mb.tokens += batch.tokens;
       torch::manual_seed(micro_seed(cfg_.data.seed, step, rank_, j));
       torch::Tensor loss;
@@ -310,7 +303,7 @@ Trainer::MicroBatches Trainer::run_micro_batches(int64_t step, const std::vector
       scaler_->scale(loss / static_cast<double>(accum_ * world_)).backward();
       if (world_ > 1 && j < accum_ - 1) grad_sync_->end_backward(comm_);
       mb.loss_sum += loss.detach();
-      mb.compute_s += seconds_since(c0);
+      clock_->add(PhaseClock::kCompute, c0, clock_->mark());
       mb.done = j + 1;
     }
   } catch (const c10::OutOfMemoryError& e) {
@@ -363,87 +356,6 @@ void Trainer::back_off(int64_t step, bool oom_here, const std::string& what, int
   cfg_.train.micro_batch = micro_;  // the checkpoints and the rest of the run use it
   meter_.reset_peak();              // the step's peak is the try that completes
 }
-
-// Note [Step telemetry]: besides its loss and its update, a step measures its times, its
-// memory (Note [Memory breakdown]) and its collectives. StepTelemetry gathers them into the
-// StepResult at fixed points of the step, so train_step reads as the training it does. Its
-// construction starts the step's clock and its memory peak; each try of the step (an
-// out-of-memory back-off redoes it) adds its times; done() ends the step's measurements.
-class Trainer::StepTelemetry {
- public:
-  StepTelemetry(Trainer& t, StepResult& r) : t_(t), r_(r), start_(Clock::now()) { t_.meter_.reset_peak(); }
-
-  // Note [Memory breakdown]: what is allocated at the start of a step is parameters +
-  // optimizer state + gradient buckets (holding the zeroed gradients under mpirun) + the rest
-  // ("other": model buffers, the batch, and the background checkpoint writer's snapshot
-  // while it writes); the step's peak above that is the gradients outside the buckets plus
-  // the activations of one micro-batch. Optimizer state is summed over its tensors, so a
-  // checkpoint snapshot is not counted as such.
-  /// After the step's gradients were zeroed.
-  void base_memory() {
-    at_start_ = t_.comm_.stats();
-    r_.base_bytes = t_.meter_.stats().current_bytes;
-    r_.optimizer_bytes = optim::optimizer_state_allocated_bytes(*t_.optimizer_);
-    r_.other_bytes = std::max<int64_t>(
-        0, r_.base_bytes - t_.param_bytes_ - r_.optimizer_bytes - t_.grad_sync_->buffer_bytes());
-  }
-  /// Before a try's micro-batches.
-  void try_begins() { calls_at_try_ = t_.comm_.stats().allreduce_calls; }
-  /// After them: their times, and the collectives they issued besides the gradient buckets
-  /// started in the last backward (must be none: accumulation is local; sharded, the buckets'
-  /// reduce-scatters are counted as such, not as all-reduces).
-  void micro_batches_ran(const MicroBatches& mb) {
-    r_.data_time_s += mb.data_s;
-    r_.compute_s += mb.compute_s;
-    r_.calls_in_microbatches = t_.comm_.stats().allreduce_calls - calls_at_try_ -
-                               (mb.last_backward_begun && t_.shard_ == comm::ShardStage::kNone
-                                    ? t_.grad_sync_->last_times().started_in_backward
-                                    : 0);
-  }
-  /// After the gradient reduction: its times and its all-reduces.
-  void gradients_reduced(const MicroBatches& mb) {
-    if (t_.world_ > 1) {
-      const auto& times = t_.grad_sync_->last_times();
-      r_.comm_time_s = times.comm_s;
-      r_.comm_exposed_s = times.exposed_s;
-      r_.buckets_in_backward = mb.last_backward_begun ? times.started_in_backward : 0;
-    }
-    r_.grad_allreduce_calls = t_.comm_.stats().allreduce_calls - calls_at_try_ - r_.calls_in_microbatches;
-  }
-  /// Adds the time since `since` to the update's (sync wait, flags, unscale, clip, step).
-  void add_update_time(Clock::time_point since) { r_.update_s += seconds_since(since); }
-  /// Before the update: the micro-batching as run, the gradients outside the buckets (those in
-  /// them are counted as buckets) and the loss scale the step ran with.
-  void before_update() {
-    r_.micro_batch = t_.micro_;
-    r_.accumulation = t_.accum_;
-    for (const auto& p : t_.params_)
-      if (p.grad().defined() && !t_.grad_sync_->in_buckets(p.grad()))
-        r_.grad_bytes += static_cast<int64_t>(p.grad().nbytes());
-    r_.loss_scale = t_.scaler_->scale_value();
-  }
-  /// After the update: the step's collectives, its bytes counted as ring algorithms send them
-  /// (StepResult::comm_bytes), its time and its peak.
-  void done() {
-    const comm::CommStats& now = t_.comm_.stats();
-    r_.grad_reduce_scatter_calls = now.reduce_scatter_calls - at_start_.reduce_scatter_calls;
-    r_.param_allgather_calls = now.allgather_calls - at_start_.allgather_calls;
-    const double ring = t_.world_ > 1 ? static_cast<double>(t_.world_ - 1) / t_.world_ : 0.0;
-    r_.comm_bytes = static_cast<int64_t>(
-        ring * (2.0 * static_cast<double>(now.allreduce_bytes - at_start_.allreduce_bytes) +
-                static_cast<double>(now.reduce_scatter_bytes - at_start_.reduce_scatter_bytes) +
-                static_cast<double>(now.allgather_bytes - at_start_.allgather_bytes)));
-    r_.step_time_s = seconds_since(start_);
-    r_.peak_bytes = t_.meter_.stats().peak_bytes;
-  }
-
- private:
-  Trainer& t_;
-  StepResult& r_;
-  Clock::time_point start_;
-  comm::CommStats at_start_;
-  int64_t calls_at_try_ = 0;
-};
 
 // Note [Deadlines]: setup (broadcasts, resume), the first step (allocator warm-up, lazy
 // initialisation), an evaluation (ranks may finish their shares apart) and the step after an
@@ -507,15 +419,15 @@ StepResult Trainer::train_step(int64_t step) {
     telemetry.try_begins();
     const MicroBatches mb = run_micro_batches(step, perm, attempt);
     telemetry.micro_batches_ran(mb);
-    const auto u0 = Clock::now();
+    const auto u0 = telemetry.reduction_begins();
     reduce_gradients(mb);
-    telemetry.gradients_reduced(mb);
+    telemetry.gradients_reduced(mb, u0);
     const int64_t ranks_oom = agree_on_step(mb, r);
     telemetry.add_update_time(u0);
     if (ranks_oom == 0) break;
     back_off(step, mb.oom, mb.oom_what, ranks_oom);
   }
-  const auto u1 = Clock::now();
+  const auto u1 = clock_->mark();
   telemetry.before_update();
   r.nonfinite_loss = nonfinite_.skip_update(step + 1, r.loss, ckpt_dir_);
   r.applied = !r.nonfinite_loss && apply_update(*optimizer_, *scaler_, params_, cfg_.train.grad_clip, comm_);

@@ -116,7 +116,7 @@ void Trainer::log_start() const {
   const std::string note = parts_.model->compute_note(device_, compute_dtype(precision_));
   if (!note.empty()) log::info(parts_.name + ": " + note);
   log::info("device " + ctx_.device_string() + ", " + std::to_string(ctx_.threads) + " threads, world " +
-            std::to_string(world_) + ", precision " + cfg_.precision.mode + "; global batch " +
+            std::to_string(world_) + " (" + comm_.backend() + "), precision " + cfg_.precision.mode + "; global batch " +
             std::to_string(t.global_batch) + " = " + std::to_string(world_) + " ranks x " +
             std::to_string(t.micro_batch) + " micro x " + std::to_string(accum_) +
             " accumulation; recompute " +
@@ -153,6 +153,8 @@ void Trainer::record_step(const StepResult& r) {
                     {"samples_per_s", sps},
                     {"step_time_s", r.step_time_s},
                     {"data_time_s", r.data_time_s},
+                    {"compute_s", r.compute_s},
+                    {"timing", r.timing},
                     {"comm_time_s", r.comm_time_s},
                     {"comm_exposed_s", r.comm_exposed_s},
                     {"comm_calls_in_microbatches", r.calls_in_microbatches},

@@ -10,6 +10,7 @@
 // are started strictly in bucket order on every rank, whatever order gradients arrive in.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -127,6 +128,10 @@ class GradientSync {
   /// The last synchronisation's times; between begin_last_backward() and finish(), the
   /// current one's so far (started_in_backward is final once backward has returned).
   const GradSyncTimes& last_times() const { return times_; }
+  /// Called where comm_s starts (the step's first bucket, before its collective is issued), on
+  /// the thread that starts it (backward's, with overlap): the trainer records a CUDA event
+  /// there (Note [Step timings on a GPU], trainers/src/phase_clock.cpp).
+  void set_first_bucket_hook(std::function<void()> hook) { first_bucket_hook_ = std::move(hook); }
 
  private:
   struct Bucket {
@@ -171,6 +176,7 @@ class GradientSync {
   Communicator* comm_ = nullptr;       // set while armed
   int64_t buffer_bytes_ = 0;
   std::chrono::steady_clock::time_point first_start_;
+  std::function<void()> first_bucket_hook_;
   GradSyncTimes times_;
   // The parameters' AccumulateGrad nodes with our hooks (held: a parameter keeps only a weak
   // reference, and a recreated node would have lost the hook) and each hook's key.

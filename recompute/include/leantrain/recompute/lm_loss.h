@@ -1,7 +1,11 @@
 #pragma once
 // The language-model head fused with its cross-entropy (Note [Fused LM loss] in
 // recompute/src/lm_loss.cpp).
+#include <optional>
+
 #include <torch/types.h>
+
+#include "leantrain/recompute/host_readback.h"
 
 namespace lt::recompute {
 
@@ -43,13 +47,38 @@ struct TiedGradSlot : torch::CustomClassHolder {
 /// torch::embedding(weight, ids) (no padding index, no scaling by frequency) whose backward,
 /// when `slot` holds the weight gradient the fused head computed in the same backward, adds
 /// its rows into that tensor and returns none; else the dense gradient as torch::embedding's.
+/// `sync_free` (unset: on any device but the CPU): the rows are added without grouping them
+/// by token first, which would read the number of distinct tokens on the host (Note [Fused LM
+/// loss without host syncs] in lm_loss.cpp); the same sums up to rounding.
 torch::Tensor tied_embedding(const torch::Tensor& weight, const torch::Tensor& ids,
-                             const c10::intrusive_ptr<TiedGradSlot>& slot);
+                             const c10::intrusive_ptr<TiedGradSlot>& slot, std::optional<bool> sync_free = std::nullopt);
 
+/// `sync_free` (unset: on any device but the CPU): no host synchronisation; the rows whose
+/// target is ignored run through the head with a weight of 0 instead of being dropped, which
+/// needs their number on the host (Note [Fused LM loss without host syncs]). The same loss and
+/// gradients up to fp32 rounding; the CPU's default path is bitwise what it was.
 torch::Tensor fused_linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                          const torch::Tensor& bias, const torch::Tensor& target,
                                          int64_t chunk_tokens, HeadMatmul matmul = HeadMatmul::kAuto,
-                                         const c10::intrusive_ptr<TiedGradSlot>& slot = {});
+                                         const c10::intrusive_ptr<TiedGradSlot>& slot = {},
+                                         std::optional<bool> sync_free = std::nullopt);
+
+/// The rows of `target` (flattened) that are not kIgnoreIndex, ascending: what
+/// (target != kIgnoreIndex).nonzero().squeeze(1) gives. `sync_free` (unset: on any device but
+/// the CPU): construction queues the count of those rows and its copy to the host; indices(),
+/// called after other work was queued (a masked LM's encoder), waits for that copy only and
+/// sizes nonzero_static with it, so the stream is never drained (Note [Counts read behind the
+/// queue], host_readback.cpp). Otherwise indices() is nonzero().
+class MaskedRows {
+ public:
+  explicit MaskedRows(const torch::Tensor& target, std::optional<bool> sync_free = std::nullopt);
+  torch::Tensor indices();
+
+ private:
+  torch::Tensor valid_;
+  bool sync_free_;
+  HostReadback count_;
+};
 
 /// Whether the fused loss is used for a training forward on `device` right now: grad mode
 /// on and autocast not in fp16 (fp16's gradients computed before the loss scale is applied

@@ -4,6 +4,8 @@
 // a recomputed ResNet keep its block inputs at a fraction of their size (Note [Packed
 // block inputs] in packed_activation.cpp).
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include <torch/nn/modules/conv.h>
@@ -11,23 +13,34 @@
 
 namespace lt::recompute {
 
+struct DeferredPack;  // packed_activation.cpp
+
 /// A tensor kept as its nonzero elements and a bit mask of where they are, in the order the
 /// elements lie in memory (so any dense layout, channels-last included, packs without a
 /// copy); or, when packing would not be smaller, as itself (`bits` undefined, `values` the
-/// tensor).
+/// tensor). A sync-free pack (on a GPU) gathers its values later (Note [Packing without a host
+/// sync] in packed_activation.cpp): `deferred` is then set and shared by every copy, and
+/// `bits` and `values` stay undefined; resolved_pack() gives the resolved fields.
 struct PackedTensor {
   at::Tensor bits;    // uint8 [ceil(numel / 8)]: bit j of byte i is "element 8i + j in memory order != 0"
   at::Tensor values;  // the nonzero elements in memory order (1-D), or the tensor itself
   std::vector<int64_t> sizes, strides;  // of the packed tensor, which unpacking gives back
+  std::shared_ptr<DeferredPack> deferred;
 };
 
 /// Packs x (no autograd history is recorded). unpack_tensor(pack_tensor(x)) has x's sizes
 /// and, for a dense x, its strides; it equals x bitwise, except that a -0.0 comes back as
 /// +0.0 (which no convolution, sum or product can tell apart from +0.0 but by its sign).
-PackedTensor pack_tensor(const at::Tensor& x);
+/// `sync_free` (unset: on any device but the CPU) reads nothing back at once: the values are
+/// gathered at the thread's next pack_tensor or the first unpack, whichever comes first
+/// (Note [Packing without a host sync]); the layout is the same.
+PackedTensor pack_tensor(const at::Tensor& x, std::optional<bool> sync_free = std::nullopt);
 at::Tensor unpack_tensor(const PackedTensor& p);
+/// `p` with its deferred values gathered now (if any): bits and values as a pack made at
+/// once would hold them, `deferred` unset.
+PackedTensor resolved_pack(const PackedTensor& p);
 
-/// Bytes a PackedTensor holds.
+/// Bytes a PackedTensor holds (gathering its deferred values first).
 int64_t packed_bytes(const PackedTensor& p);
 
 /// One bit per element of a dense tensor, in memory order: set where the element is not

@@ -30,6 +30,7 @@
 #include "leantrain/trainers/components.h"
 #include "leantrain/trainers/hooks.h"
 #include "leantrain/trainers/metrics.h"
+#include "leantrain/trainers/phase_clock.h"
 #include "leantrain/trainers/precision.h"
 #include "leantrain/trainers/progress.h"
 #include "leantrain/trainers/step_policies.h"
@@ -76,6 +77,9 @@ struct StepResult {
   double compute_s = 0;   // forward + backward of all micro-batches
   double update_s = 0;    // gradient sync wait, unscale, clip and the optimizer step
   double comm_time_s = 0, comm_exposed_s = 0;
+  /// What timed data_time_s, compute_s, update_s and the comm times: "host" clocks, or
+  /// "cuda_events" on a GPU (PhaseClock; Note [Step timings on a GPU]).
+  std::string timing = "host";
   int64_t calls_in_microbatches = 0, grad_allreduce_calls = 0;
   int64_t buckets_in_backward = 0;  // gradient buckets whose all-reduce started inside the last backward
   int64_t grad_reduce_scatter_calls = 0, param_allgather_calls = 0;  // memory.shard's collectives
@@ -159,6 +163,8 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;
   std::vector<torch::Tensor> params_;
   std::unique_ptr<comm::GradientSync> grad_sync_;
+  std::unique_ptr<PhaseClock> clock_;  // the steps' phase times (Note [Step telemetry])
+  std::optional<PhaseClock::Mark> first_bucket_mark_;  // on a device: where the try's first gradient bucket started
   NonfinitePolicy nonfinite_;
   CheckpointSchedule schedule_;
   std::unique_ptr<MetricsWriter> metrics_;
