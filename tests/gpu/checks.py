@@ -249,11 +249,16 @@ def j_world_of_one(runs, device, args):
     numbers["backend"] = backend
     if not re.search(r"\bworld 1\b", run.log):
         problems.append("the log does not say 'world 1'")
+    # The startup line names the backend the ranks agreed on: "world 1 (nccl)".
+    m = re.search(r"\bworld 1 \((\w+)\)", run.log)
+    numbers["backend_logged"] = m[1] if m else None
+    if m and m[1] != backend:
+        problems.append(f"the log says backend {m[1]!r}, want {backend!r}")
     configured = run.config.get("comm", {}).get("backend")
     if configured != backend:
         problems.append(f"config.json has comm.backend {configured!r}, want {backend!r}")
     if backend == "nccl":
-        # leantrain does not log the backend it resolved; NCCL_DEBUG=VERSION makes NCCL print
+        # Besides the startup line, NCCL_DEBUG=VERSION makes NCCL print
         # its version when a communicator is created, which only the NCCL backend does.
         m = re.search(r"NCCL version (\S+)", run.log)
         numbers["nccl_version_printed"] = m[1] if m else None

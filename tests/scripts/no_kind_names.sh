@@ -6,7 +6,7 @@
 #   no_kind_names.sh SOURCE_DIR
 set -euo pipefail
 cd "$1"
-kinds='gpt|bert|resnet|mlp|fashion_mnist|text|synthetic|tiny_vit|bars'
+kinds='gpt|bert|llama|resnet|mlp|fashion_mnist|text|synthetic|tiny_vit|bars'
 hits=$(grep -rnE "\"($kinds)\"" runtime optim trainers launch --include='*.cpp' --include='*.h' \
        | grep -vE '^[^:]+:[0-9]+:\s*//' || true)
 if [ -n "$hits" ]; then

@@ -223,7 +223,7 @@ class SyntheticTrain:
         self.size = int(data.get("synthetic_samples", 4096))
         if data.get("limit", 0):
             self.size = min(self.size, int(data["limit"]))
-        if self.kind in ("gpt", "bert"):
+        if self.kind in ("gpt", "bert", "llama"):  # token models: the data depends only on seq_len and vocab_size
             self.bert = self.kind == "bert"
             self.seq_len = int(model["seq_len"])
             vocab = int(model["vocab_size"]) - (1 if self.bert else 0)
@@ -235,7 +235,7 @@ class SyntheticTrain:
             self.templates = ImageTemplates(self.seed, int(model["in_channels"]), int(model["image_size"]),
                                             int(model["num_classes"]))
         else:
-            raise ValueError(f"model.kind {self.kind!r}: the peer bench covers gpt, bert and resnet")
+            raise ValueError(f"model.kind {self.kind!r}: the peer bench covers gpt, bert, llama and resnet")
 
     def get(self, indices: Sequence[int], epoch: int) -> Tuple[np.ndarray, np.ndarray]:
         if self.kind == "resnet":
