@@ -49,38 +49,14 @@ except ImportError as e:  # pragma: no cover
 transformers.logging.set_verbosity_error()
 torch.set_num_threads(1)
 
-FAILURES: list[str] = []
-RESULTS: list[str] = []
+# The result lists and the small helpers are test_interop's (the GPT-2/BERT/ResNet interop test in
+# this folder): one definition of what a check, a relative difference and a perturbed model are.
+from test_interop import FAILURES, RESULTS, check, perturb, rel_diff, run  # noqa: E402
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 16}
 COMMON = dict(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
-
-
-def check(ok: bool, what: str) -> None:
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        FAILURES.append(what)
-
-
-def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
-def run(cmd: list[str], expect_rc: int = 0) -> subprocess.CompletedProcess:
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != expect_rc:
-        print(f"command {cmd} exited {r.returncode}, expected {expect_rc}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
-    return r
-
-
-def perturb(model: torch.nn.Module, seed: int) -> None:
-    """Every parameter moved off its initialisation (the RMSNorm weights off 1, biases off 0)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
 
 
 def models() -> list[tuple[str, object, type, str]]:
