@@ -139,6 +139,26 @@ def run_main(fn, argv):
     return code, out.getvalue(), err.getvalue()
 
 
+def count_llama(model_cfg: dict) -> int:
+    """Parameters of a [model] kind = "llama" section, counted on transformers' own model (meta
+    device), with leantrain's defaults for what the section leaves out (llama.h)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    heads = model_cfg["num_attention_heads"]
+    kw = dict(vocab_size=model_cfg["vocab_size"], hidden_size=model_cfg["hidden_size"],
+              intermediate_size=model_cfg["intermediate_size"],
+              num_hidden_layers=model_cfg["num_hidden_layers"], num_attention_heads=heads,
+              num_key_value_heads=model_cfg.get("num_key_value_heads", 0) or heads,
+              head_dim=model_cfg.get("head_dim", 0) or model_cfg["hidden_size"] // heads,
+              tie_word_embeddings=model_cfg.get("tie_word_embeddings", False),
+              attention_bias=model_cfg.get("attention_bias", False))
+    config, cls = (Qwen3Config, Qwen3ForCausalLM) if model_cfg.get("qk_norm") else (LlamaConfig, LlamaForCausalLM)
+    with torch.device("meta"):
+        m = cls(config(**kw))
+    return sum(p.numel() for p in m.parameters())
+
+
 class ParameterCounts(unittest.TestCase):
     """The counts the C++ side reports (tests/unit/test_models.cpp) for the same configs."""
 
@@ -168,7 +188,9 @@ class ParameterCounts(unittest.TestCase):
     def test_shipped_configs(self):
         # Every configs/*.toml [model] section builds; the big ones have the counts above.
         want = {"gpt2_small.toml": 124_439_808, "bert_base.toml": 109_514_298,
-                "resnet50.toml": 25_557_032, "resnet101.toml": 44_549_160}
+                "resnet50.toml": 25_557_032, "resnet101.toml": 44_549_160,
+                # SmolLM2-135M (134,515,008) with the shards' 4096-token vocabulary for its 49152.
+                "smollm2_135m.toml": 134_515_008 - (49152 - 4096) * 576}
         cfg_dir = os.path.join(ROOT, "configs")
         seen = set()
         for name in sorted(os.listdir(cfg_dir)):
@@ -176,6 +198,16 @@ class ParameterCounts(unittest.TestCase):
                 continue
             with open(os.path.join(cfg_dir, name), "rb") as fh:
                 model_cfg = tomllib.load(fh).get("model", {})
+            if model_cfg.get("kind") == "llama":
+                # The llama kind's reference is transformers itself (python_llama_interop checks
+                # names, shapes and logits against it); a fine-tuning config takes its shape from
+                # --init-from's config.json and has none to count here.
+                if "hidden_size" in model_cfg:
+                    n = count_llama(model_cfg)
+                    if name in want:
+                        self.assertEqual(n, want[name], name)
+                        seen.add(name)
+                continue
             n, _ = self.count(model_cfg)
             if name in want:
                 self.assertEqual(n, want[name], name)
