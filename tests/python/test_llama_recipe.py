@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,20 +36,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PY = sys.executable
 CORPUS = "/usr/share/games/fortunes"
 CONFIG = os.path.join(ROOT, "configs", "smollm2_135m.toml")
-FAILS: list[str] = []
-
-
-def check(ok: bool, what: str) -> None:
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        FAILS.append(what)
-
-
-def run(cmd, expect=0):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600)
-    if r.returncode != expect:
-        print(f"  exit {r.returncode} (expected {expect}): {' '.join(map(str, cmd))}\n{r.stderr[-1500:]}")
-    return r
+# The checks, the command runner and the metrics reader are test_recipes' (the recipes test in this
+# folder): one definition of each.
+from test_recipes import FAILS, check, run, steps as step_events  # noqa: E402
 
 
 def test_shipped_shape() -> None:
@@ -92,7 +80,7 @@ def test_recipe(leantrain: str, tmp: str) -> None:
           f"smollm2 recipe: train (shrunk, GQA 9/3) exits 0 ({time.time() - t0:.1f} s)")
     if r.returncode != 0:
         return
-    steps = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"event":"step"' in l]
+    steps = step_events(out)
     first, last = steps[0]["loss"], steps[-1]["loss"]
     check(len(steps) == 30 and np.isfinite(last) and last < first - 1.0,
           f"smollm2 recipe: the loss falls over 30 steps ({first:.3f} -> {last:.3f})")
